@@ -1,0 +1,5 @@
+"""Model backends: one small interface (:class:`ModelBackend`), one file per engine."""
+
+from nsd.backends.base import ModelBackend
+
+__all__ = ["ModelBackend"]

@@ -1,0 +1,255 @@
+"""The decoding loop: autoregressive and speculative (exact, NSD, typical) in one place.
+
+:func:`decode` is a generator: it yields the token ids each target pass adds and returns
+a :class:`DecodeStats`. Printing, detokenising and progress bars live in the caller.
+
+Cache discipline: after every round the target cache holds the whole context except its
+last token. A round feeds ``[last] + drafts`` (``k + 1`` tokens) and gets ``k + 1`` rows of
+logits: the distributions for each draft position plus the bonus position. After
+verification the cache is rewound to keep ``last`` and the accepted drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Sequence
+
+import torch
+
+from nsd.backends.base import ModelBackend
+from nsd.errors import NSDError
+from nsd.proposers.base import Proposer
+from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs, sample_from
+from nsd.verify import RuleConfig, verify
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decoding run. ``speculative=False`` is plain autoregressive decoding."""
+
+    speculative: bool = True
+    rule: RuleConfig = RuleConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    k: int = 4
+    adaptive_k: bool = False
+    k_max: int = 16
+    max_new_tokens: int = 128
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise NSDError(f"draft length k must be >= 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise NSDError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if self.adaptive_k and self.k_max < self.k:
+            raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
+
+
+@dataclass
+class AdaptiveK:
+    """Grow k after a fully accepted block, shrink it after a rejection (HF's heuristic)."""
+
+    k: int
+    k_max: int
+    k_min: int = 1
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted and accepted == drafted:
+            self.k = min(self.k + 2, self.k_max)
+        else:
+            self.k = max(self.k - 1, self.k_min)
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """What one generation cost and gained. Field names are the JSON schema of ``--json``."""
+
+    method: str
+    prompt_tokens: int
+    new_tokens: int
+    target_passes: int  # target forwards after the prompt prefill
+    drafted_tokens: int
+    accepted_tokens: int
+    relaxed_accepts: int  # accepted only thanks to the relaxed set
+    deviation: float  # D = Σ_t λ_t·E_t: bound on the sequence-level total variation
+    stop_reason: str  # "eos", "stop" or "length"
+    prefill_s: float
+    wall_s: float
+    position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
+    position_accepts: list[int] = field(default_factory=list)
+    accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: new tokens per target pass (1.0 for AR)."""
+        return self.new_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / n if n else 0.0 for a, n in zip(self.position_accepts, self.position_attempts)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        decode = self.wall_s - self.prefill_s
+        return self.new_tokens / decode if decode > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        for name in ("tau", "acceptance_rate", "acceptance_by_position", "tokens_per_s",
+                     "decode_tokens_per_s"):
+            out[name] = getattr(self, name)
+        out["deviation_per_token"] = self.deviation / self.new_tokens if self.new_tokens else 0.0
+        return out
+
+
+def method_name(config: DecodeConfig) -> str:
+    if not config.speculative:
+        return "ar"
+    rule = config.rule
+    if rule.kind == "exact" or not rule.relaxes:
+        return "sd"
+    return "nsd" if rule.kind == "nucleus" else "typical"
+
+
+def decode(
+    target: ModelBackend,
+    prompt_ids: Sequence[int],
+    config: DecodeConfig,
+    proposer: Proposer | None = None,
+    eos_token_ids: Sequence[int] = (),
+    stop_check: Callable[[list[int]], bool] | None = None,
+) -> Generator[list[int], None, DecodeStats]:
+    """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
+
+    Yields the list of tokens each target pass adds (EOS included when it ends the
+    generation). ``stop_check(generated)`` may end the run early (stop strings).
+    """
+    if len(prompt_ids) == 0:
+        raise NSDError("the prompt is empty: give at least one token")
+    if config.speculative and proposer is None:
+        raise NSDError("speculative decoding needs a proposer (a draft model or n-gram lookup)")
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(config.seed)
+    sampling, rule = config.sampling, config.rule
+    eos = set(eos_token_ids)
+    context = list(prompt_ids)
+    target.reset()
+    if len(context) > 1:
+        target.forward(context[:-1], all_logits=False)
+    prefill_s = time.perf_counter() - start
+
+    generated: list[int] = []
+    passes = drafted = accepted = relaxed = 0
+    attempts = [0] * max(config.k, config.k_max)
+    accepts = [0] * max(config.k, config.k_max)
+    accepted_per_pass: list[int] = []
+    spent = torch.zeros(1, dtype=torch.float64)
+    policy = AdaptiveK(config.k, config.k_max) if config.adaptive_k else None
+    stop_reason = "length"
+
+    while len(generated) < config.max_new_tokens:
+        remaining = config.max_new_tokens - len(generated)
+        k = min(policy.k if policy else config.k, remaining - 1)
+        proposal = proposer.propose(context, k, generator) if (config.speculative and k > 0) else None
+        draft = proposal.tokens.tolist() if proposal is not None else []
+        logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
+        passes += 1
+        if not draft:
+            new = [_sample_one(logits[-1], sampling, generator)]
+            n_acc = 0
+        else:
+            n = len(draft)
+            target_probs = logits_to_probs(logits, sampling)  # [n+1, V]
+            plaus = plausibility_probs(logits[:n], sampling, target_probs[:n]) if rule.relaxes else \
+                target_probs[:n]
+            result = verify(
+                rule,
+                target_probs.unsqueeze(0),
+                plaus.unsqueeze(0),
+                proposal.tokens.unsqueeze(0),
+                None if proposal.probs is None else proposal.probs.unsqueeze(0),
+                torch.rand(1, n, dtype=torch.float64, generator=generator),
+                torch.rand(1, dtype=torch.float64, generator=generator),
+                spent,
+            )
+            spent = result.spent
+            n_acc = int(result.num_accepted[0])
+            new = draft[:n_acc] + [int(result.next_token[0])]
+            drafted += n
+            accepted += n_acc
+            relaxed += int(result.relaxed.sum())
+            reached = min(n_acc + 1, n)
+            for i in range(reached):
+                attempts[i] += 1
+            for i in range(n_acc):
+                accepts[i] += 1
+            accepted_per_pass.append(n_acc)
+            if policy:
+                policy.update(n, n_acc)
+            target.rewind(len(context) + n_acc)
+        # Truncate at EOS; the cache may hold tokens past it, which is harmless at the end.
+        for i, tok in enumerate(new):
+            if tok in eos:
+                new = new[:i + 1]
+                stop_reason = "eos"
+                break
+        new = new[:remaining]
+        context.extend(new)
+        generated.extend(new)
+        yield new
+        if stop_reason == "eos":
+            break
+        if stop_check is not None and stop_check(generated):
+            stop_reason = "stop"
+            break
+
+    return DecodeStats(
+        method=method_name(config),
+        prompt_tokens=len(prompt_ids),
+        new_tokens=len(generated),
+        target_passes=passes,
+        drafted_tokens=drafted,
+        accepted_tokens=accepted,
+        relaxed_accepts=relaxed,
+        deviation=float(spent[0]),
+        stop_reason=stop_reason,
+        prefill_s=prefill_s,
+        wall_s=time.perf_counter() - start,
+        position_attempts=_trim_zeros(attempts),
+        position_accepts=accepts[:len(_trim_zeros(attempts))],
+        accepted_per_pass=accepted_per_pass,
+    )
+
+
+def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
+    """One autoregressive step: the lean path, so the AR baseline pays no verifier cost."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    probs = logits_to_probs(logits, sampling).unsqueeze(0)
+    return int(sample_from(probs, torch.rand(1, dtype=torch.float64, generator=generator))[0])
+
+
+def _trim_zeros(counts: list[int]) -> list[int]:
+    last = max((i for i, c in enumerate(counts) if c), default=-1)
+    return counts[:last + 1]
+
+
+def run_to_end(gen: Generator[list[int], None, DecodeStats]) -> tuple[list[int], DecodeStats]:
+    """Drain a :func:`decode` generator; return all tokens and the statistics."""
+    tokens: list[int] = []
+    while True:
+        try:
+            tokens.extend(next(gen))
+        except StopIteration as stop:
+            return tokens, stop.value
+
+

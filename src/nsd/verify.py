@@ -1,0 +1,325 @@
+"""Verification rules for speculative decoding, as pure tensor functions.
+
+Vocabulary (used the same way everywhere in nsd):
+
+- *draft tokens* ``x_1..x_k`` were drawn by the proposer from ``q`` (or chosen
+  deterministically, ``q = one-hot``).
+- ``p`` is the target's sampling distribution at each position (``k + 1`` rows: one per
+  draft token plus the *bonus* position after the last one).
+- the *relaxed set* ``S`` at a position is where a rule may accept beyond the exact test:
+  the target nucleus ``N_θ(p̂)`` for NSD, the typical set for Medusa-style acceptance,
+  empty for the exact rule.
+- an *accepted* token passed the test; at the first rejection a *recovered* token is drawn
+  from the residual ``(p − q)₊``; if all ``k`` pass, a *bonus* token is drawn from ``p``.
+
+The rule (see NSD-MATH.md): with relaxation weight ``λ ∈ [0, 1]`` at a position,
+``a(x) = m + λ·1[x∈S]·(1 − m)``, ``m = min(1, p(x)/q(x))``. The output distribution then
+has total variation ``λ·E`` from ``p``, with ``E = Σ_{y∈S} (q(y) − p(y))₊``, exactly.
+``λ = 0`` is standard speculative sampling, ``λ = 1`` plain NSD; a fidelity budget picks
+``λ`` per position so the summed deviation never exceeds it.
+
+Everything here is vectorised over a batch ``B`` and the ``k`` draft positions; the only
+Python loop is the budget scan over ``k`` (≤ a few dozen), never over the vocabulary.
+Randomness is passed in as float64 uniforms so every rule is a deterministic function of
+its inputs and can be tested exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from nsd.errors import NSDError
+from nsd.sampling import sample_from
+
+# Nucleus threshold search looks at this many top tokens first; only rows whose top mass
+# falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
+_NUCLEUS_TOPK = 256
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    """Which verification rule to apply, and its knobs.
+
+    kind:
+        ``"exact"`` — standard speculative sampling (lossless).
+        ``"nucleus"`` — NSD: also accept draft tokens in ``N_θ(p̂)``.
+        ``"typical"`` — Medusa-style: also accept tokens with
+        ``p̂(x) > min(epsilon, typical_delta · exp(−H(p̂)))``.
+    budget:
+        Hard cap ``B`` on the summed deviation ``Σ E_t`` of one sequence (``inf`` = none).
+    cap:
+        Optional per-position cap ``δ``: a position with ``E_t > δ`` is verified exactly.
+    smooth:
+        When the remaining budget cannot cover ``E_t``, relax a fraction
+        ``λ = remaining / E_t`` instead of not at all, so the budget is spent exactly.
+    """
+
+    kind: str = "exact"
+    theta: float = 0.0
+    budget: float = math.inf
+    cap: float = math.inf
+    smooth: bool = False
+    epsilon: float = 0.3
+    typical_delta: float = 0.09
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exact", "nucleus", "typical"):
+            raise NSDError(f"unknown verification rule {self.kind!r}; use exact, nucleus or typical")
+        if not (0.0 <= self.theta <= 1.0):
+            raise NSDError(f"theta must be in [0, 1], got {self.theta}")
+        if math.isnan(self.budget) or self.budget < 0:
+            raise NSDError(f"budget must be >= 0 (inf for none), got {self.budget}")
+        if math.isnan(self.cap) or self.cap < 0:
+            raise NSDError(f"per-position cap must be >= 0, got {self.cap}")
+        if not (self.epsilon > 0 and self.typical_delta > 0):
+            raise NSDError("typical acceptance needs epsilon > 0 and delta > 0")
+
+    @property
+    def relaxes(self) -> bool:
+        """Whether the rule can ever accept beyond the exact test."""
+        if self.kind == "exact" or self.budget == 0 or self.cap == 0:
+            return False
+        return self.kind != "nucleus" or self.theta > 0
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    num_accepted: torch.Tensor  # [B] int64: draft tokens accepted (0..k)
+    next_token: torch.Tensor  # [B] int64: recovered token, or bonus if all were accepted
+    accepted: torch.Tensor  # [B, k] bool: position passed its test (prefix up to first False counts)
+    relaxed: torch.Tensor  # [B, k] bool: accepted position that failed the exact test
+    deviation: torch.Tensor  # [B, k] float64: λ_t·E_t charged at emitted positions, 0 after
+    spent: torch.Tensor  # [B] float64: budget spent, including this block
+
+
+# --------------------------------------------------------------------------- relaxed sets
+
+
+def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
+    """Smallest probability inside the nucleus ``N_θ``, per row.
+
+    plaus_probs: ``[..., V]``. Returns ``[...]`` float32.
+
+    Sorting by probability, the nucleus is the shortest prefix whose mass reaches θ (the
+    crossing token included). Ties at the crossing are resolved by keeping every token
+    tied with it, so ``N_θ = {y : p̂(y) ≥ t, p̂(y) > 0}`` with ``t`` returned here. This is
+    order-free, hence identical in every code path (full mask or single-token test).
+    ``θ = 0`` gives ``+inf`` (empty nucleus).
+    """
+    shape = plaus_probs.shape[:-1]
+    if theta <= 0:
+        return torch.full(shape, math.inf, dtype=plaus_probs.dtype)
+    flat = plaus_probs.reshape(-1, plaus_probs.shape[-1])
+    top = min(_NUCLEUS_TOPK, flat.shape[-1])
+    values = torch.topk(flat, top, dim=-1).values  # [R, top], descending
+    thresholds = _crossing_value(values, theta)
+    short = torch.isnan(thresholds)
+    if short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
+        full = torch.sort(flat[short], dim=-1, descending=True).values
+        thresholds[short] = _crossing_value(full, theta, exhaustive=True)
+    return thresholds.reshape(shape)
+
+
+def _crossing_value(sorted_desc: torch.Tensor, theta: float, exhaustive: bool = False) -> torch.Tensor:
+    """Value of the first token whose inclusive cumulative mass reaches θ, per row.
+
+    NaN where the given prefix never reaches θ (unless ``exhaustive``: then the whole row
+    is the nucleus — float rounding can leave the total a hair under θ = 1 — and the
+    smallest positive value is returned).
+    """
+    cumulative = torch.cumsum(sorted_desc.double(), dim=-1)
+    reached = cumulative >= theta
+    first = reached.to(torch.int8).argmax(dim=-1, keepdim=True)  # first True, 0 if none
+    value = sorted_desc.gather(-1, first).squeeze(-1).clone()
+    never = ~reached.any(dim=-1)
+    if exhaustive:
+        positive = torch.where(sorted_desc > 0, sorted_desc, torch.full_like(sorted_desc, math.inf))
+        value[never] = positive.amin(dim=-1)[never]
+    else:
+        value[never] = math.nan
+    return value
+
+
+def typical_threshold(plaus_probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
+    """Medusa's typical-acceptance threshold ``min(ε, δ·exp(−H(p̂)))`` per row ``[...]``."""
+    logp = torch.log(plaus_probs.clamp_min(1e-30))
+    entropy = -(plaus_probs * logp).sum(dim=-1)
+    return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+
+
+def relaxed_set_mask(plaus_probs: torch.Tensor, rule: RuleConfig) -> torch.Tensor:
+    """Boolean mask ``[..., V]`` of the rule's relaxed set (nucleus, typical set, or empty)."""
+    if rule.kind == "nucleus":
+        t = nucleus_threshold(plaus_probs, rule.theta).unsqueeze(-1)
+        return (plaus_probs >= t) & (plaus_probs > 0)
+    if rule.kind == "typical":
+        t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta).unsqueeze(-1)
+        return plaus_probs > t
+    return torch.zeros_like(plaus_probs, dtype=torch.bool)
+
+
+def relaxed_set_stats(
+    rule: RuleConfig,
+    plaus_probs: torch.Tensor,  # [B, k, V] p̂ at the draft positions
+    target_probs: torch.Tensor,  # [B, k, V] p at the draft positions
+    draft_tokens: torch.Tensor,  # [B, k] int64
+    draft_probs: torch.Tensor | None,  # [B, k, V] q, or None for one-hot proposals
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: is the draft token in the relaxed set, and the excess ``E``.
+
+    Returns ``(token_in_set [B, k] bool, excess [B, k] float64)`` with
+    ``E = Σ_{y∈S} (q(y) − p(y))₊``. For one-hot ``q`` this is ``1 − p(x)`` when ``x ∈ S``
+    and 0 otherwise, computed without materialising a vocabulary-sized mask.
+    """
+    if not rule.relaxes:
+        zeros = torch.zeros(draft_tokens.shape, dtype=torch.float64)
+        return torch.zeros(draft_tokens.shape, dtype=torch.bool), zeros
+    tok = draft_tokens.unsqueeze(-1)
+    if draft_probs is None:
+        if rule.kind == "nucleus":
+            t = nucleus_threshold(plaus_probs, rule.theta)
+            p_hat_x = plaus_probs.gather(-1, tok).squeeze(-1)
+            in_set = (p_hat_x >= t) & (p_hat_x > 0)
+        else:
+            t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta)
+            in_set = plaus_probs.gather(-1, tok).squeeze(-1) > t
+        p_x = target_probs.gather(-1, tok).squeeze(-1).double()
+        excess = torch.where(in_set, (1.0 - p_x).clamp_min(0.0), torch.zeros_like(p_x))
+        return in_set, excess
+    mask = relaxed_set_mask(plaus_probs, rule)  # [B, k, V]
+    surplus = (draft_probs.double() - target_probs.double()).clamp_min(0.0)
+    excess = (surplus * mask).sum(dim=-1)
+    return mask.gather(-1, tok).squeeze(-1), excess
+
+
+# --------------------------------------------------------------------------- budget policy
+
+
+def relaxation_weights(
+    rule: RuleConfig,
+    excess: torch.Tensor,  # [B, k] float64 E_t
+    spent: torch.Tensor,  # [B] float64 budget already spent by this sequence
+) -> torch.Tensor:
+    """Relaxation weight ``λ_t ∈ [0, 1]`` per position ``[B, k]`` float64.
+
+    Scans left to right assuming every earlier position of the block is emitted (only
+    positions up to the first rejection are, and those all precede it), charging
+    ``λ_t·E_t``. Hard budget: ``λ_t = 1`` iff ``spent + E_t ≤ B`` (and ``E_t ≤ δ``), else 0.
+    Smooth: a position the remainder cannot cover gets ``λ_t = remaining / E_t``.
+    """
+    if not rule.relaxes:
+        return torch.zeros_like(excess)
+    allowed = excess <= rule.cap
+    if math.isinf(rule.budget):
+        return allowed.double()
+    weights = torch.zeros_like(excess)
+    running = spent.clone()
+    for t in range(excess.shape[-1]):
+        e = excess[:, t]
+        remaining = (rule.budget - running).clamp_min(0.0)
+        fits = e <= remaining
+        if rule.smooth:
+            partial = torch.where(e > 0, remaining / e.clamp_min(1e-300), torch.ones_like(e))
+            lam = torch.where(fits, torch.ones_like(e), partial.clamp(0.0, 1.0))
+        else:
+            lam = fits.double()
+        lam = lam * allowed[:, t]
+        weights[:, t] = lam
+        running = running + lam * e
+    return weights
+
+
+# --------------------------------------------------------------------------- the block test
+
+
+def verify_block(
+    target_probs: torch.Tensor,  # [B, k+1, V] p at each draft position + the bonus position
+    draft_tokens: torch.Tensor,  # [B, k] int64
+    draft_probs: torch.Tensor | None,  # [B, k, V] q, or None: q is one-hot on the draft token
+    token_in_set: torch.Tensor,  # [B, k] bool: draft token lies in the relaxed set
+    excess: torch.Tensor,  # [B, k] float64: E_t = Σ_{y∈S}(q − p)₊
+    weights: torch.Tensor,  # [B, k] float64: relaxation weight λ_t ∈ [0, 1]
+    accept_uniforms: torch.Tensor,  # [B, k] float64 in [0, 1)
+    sample_uniforms: torch.Tensor,  # [B] float64 in [0, 1): draws the recovered/bonus token
+    spent: torch.Tensor | None = None,  # [B] float64 deviation already spent
+) -> VerifyResult:
+    """Verify a block of drafts left to right; the first rejection ends it.
+
+    Acceptance probability ``a = m + λ·1[x∈S]·(1 − m)`` with ``m = min(1, p(x)/q(x))``.
+    At the first rejection the recovered token comes from ``(p − q)₊``; if none is
+    rejected, the bonus token from ``p`` at position ``k``.
+    """
+    batch, k = draft_tokens.shape
+    if spent is None:
+        spent = torch.zeros(batch, dtype=torch.float64)
+    tok = draft_tokens.unsqueeze(-1)
+    p_x = target_probs[:, :k].gather(-1, tok).squeeze(-1).double()  # [B, k]
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q_x = draft_probs.gather(-1, tok).squeeze(-1).double()
+        if bool((q_x <= 0).any()):
+            raise ValueError("proposer drew a token it gave probability 0: a proposer bug")
+    exact_prob = torch.clamp(p_x / q_x, max=1.0)  # m
+    accept_prob = exact_prob + weights * token_in_set * (1.0 - exact_prob)
+    accepted = accept_uniforms < accept_prob
+    relaxed = accepted & (accept_uniforms >= exact_prob)
+
+    # First rejection, vectorised: count the leading run of accepts.
+    leading = (~accepted).cumsum(dim=-1) == 0  # [B, k]
+    num_accepted = leading.sum(dim=-1)
+    emitted = leading.clone()  # positions whose output counts: accepted prefix + the rejection
+    rejected_at = num_accepted.clamp(max=k - 1) if k > 0 else num_accepted
+    if k > 0:
+        has_rejection = num_accepted < k
+        emitted[torch.arange(batch), rejected_at] |= has_rejection
+    deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
+    relaxed = relaxed & leading
+
+    rows = torch.arange(batch)
+    p_row = target_probs[rows, num_accepted]  # [B, V]
+    if k == 0:
+        residual = p_row
+    else:
+        if draft_probs is None:
+            q_row = torch.zeros_like(p_row)
+            q_row[rows, draft_tokens[rows, rejected_at]] = 1.0
+        else:
+            q_row = draft_probs[rows, rejected_at]
+        has_rejection = (num_accepted < k).unsqueeze(-1)
+        residual = torch.where(has_rejection, (p_row - q_row).clamp_min(0.0), p_row)
+        # Z = 0 would mean rejection was impossible; guard against float dust anyway.
+        empty = residual.sum(dim=-1, keepdim=True) <= 0
+        residual = torch.where(empty, p_row, residual)
+    next_token = sample_from(residual, sample_uniforms)
+    return VerifyResult(
+        num_accepted=num_accepted,
+        next_token=next_token,
+        accepted=accepted,
+        relaxed=relaxed,
+        deviation=deviation,
+        spent=spent + deviation.sum(dim=-1),
+    )
+
+
+def verify(
+    rule: RuleConfig,
+    target_probs: torch.Tensor,  # [B, k+1, V]
+    plaus_probs: torch.Tensor,  # [B, k, V] p̂ at the draft positions (== p unless greedy)
+    draft_tokens: torch.Tensor,  # [B, k]
+    draft_probs: torch.Tensor | None,  # [B, k, V] or None
+    accept_uniforms: torch.Tensor,  # [B, k] float64
+    sample_uniforms: torch.Tensor,  # [B] float64
+    spent: torch.Tensor | None = None,  # [B] float64
+) -> VerifyResult:
+    """Relaxed set, budget policy and block test in one call."""
+    k = draft_tokens.shape[-1]
+    if spent is None:
+        spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64)
+    in_set, excess = relaxed_set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, draft_probs)
+    weights = relaxation_weights(rule, excess, spent)
+    return verify_block(target_probs, draft_tokens, draft_probs, in_set, excess, weights,
+                        accept_uniforms, sample_uniforms, spent)

@@ -1,0 +1,49 @@
+"""A tiny deterministic language model for fast tests of the decoding loop.
+
+Logits depend on the last two tokens through a fixed random table, so a wrong KV rewind
+(a stale token left in the cache) changes the output and is caught.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class MockLM:
+    def __init__(self, vocab_size: int = 16, seed: int = 0, sharpness: float = 3.0,
+                 eos_token_id: int | None = None) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.table = sharpness * torch.randn(vocab_size, vocab_size, vocab_size, generator=gen)
+        self._tokens: list[int] = []
+        self.eos_token_ids = () if eos_token_id is None else (eos_token_id,)
+        self.forward_calls = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._tokens)
+
+    def logits_after(self, tokens: Sequence[int]) -> torch.Tensor:
+        prev = tokens[-2] if len(tokens) > 1 else 0
+        return self.table[prev, tokens[-1]].clone()
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
+        self.forward_calls += 1
+        rows = []
+        for tok in tokens:
+            self._tokens.append(int(tok))
+            rows.append(self.logits_after(self._tokens))
+        out = torch.stack(rows)
+        return out if all_logits else out[-1:]
+
+    def rewind(self, num_tokens: int) -> None:
+        assert 0 <= num_tokens <= len(self._tokens)
+        del self._tokens[num_tokens:]
+
+    def reset(self) -> None:
+        self._tokens = []

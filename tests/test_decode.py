@@ -1,0 +1,178 @@
+"""The decoding loop on mock models: losslessness, draft = target, reproducibility,
+sequence-level fidelity, stopping, and the n-gram proposer."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from mock import MockLM
+from nsd.decode import AdaptiveK, DecodeConfig, decode, run_to_end
+from nsd.errors import NSDError
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.ngram import NgramConfig, NgramProposer
+from nsd.sampling import SamplingConfig
+from nsd.verify import RuleConfig
+
+GREEDY = SamplingConfig(temperature=0.0)
+SAMPLE = SamplingConfig(temperature=1.0)
+
+
+def _run(target, config, proposer=None, prompt=(1, 2, 3), **kw):
+    return run_to_end(decode(target, list(prompt), config, proposer, **kw))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_sd_equals_ar(k: int) -> None:
+    target = MockLM(vocab_size=32, seed=0)
+    ar_tokens, ar_stats = _run(target, DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=40))
+    draft = MockLM(vocab_size=32, seed=0, sharpness=1.0)  # same argmax structure, flatter
+    draft.table += 2.0 * torch.randn(draft.table.shape, generator=torch.Generator().manual_seed(1))
+    sd_tokens, sd_stats = _run(target, DecodeConfig(sampling=GREEDY, k=k, max_new_tokens=40),
+                               DraftModelProposer(draft, GREEDY, target.vocab_size))
+    assert sd_tokens == ar_tokens
+    assert ar_stats.target_passes == 40 and ar_stats.tau == 1.0
+    assert sd_stats.new_tokens == 40 and sd_stats.deviation == 0.0
+    assert 0 < sd_stats.accepted_tokens < sd_stats.drafted_tokens  # a real mix of accepts/rejects
+    assert sd_stats.target_passes < 40
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLE])
+def test_draft_equal_to_target_accepts_everything(sampling: SamplingConfig) -> None:
+    target, draft = MockLM(seed=3), MockLM(seed=3)
+    tokens, stats = _run(target, DecodeConfig(sampling=sampling, k=4, max_new_tokens=50),
+                         DraftModelProposer(draft, sampling, target.vocab_size))
+    assert stats.accepted_tokens == stats.drafted_tokens > 0
+    assert stats.deviation == 0.0
+    assert stats.tau == pytest.approx(50 / stats.target_passes) and stats.tau > 4.5
+    assert all(r == 1.0 for r in stats.acceptance_by_position)
+
+
+def test_seeded_runs_are_reproducible_and_seeds_matter() -> None:
+    def run(seed: int):
+        target, draft = MockLM(seed=4), MockLM(seed=5)
+        cfg = DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.8), sampling=SAMPLE, k=3,
+                           max_new_tokens=30, seed=seed)
+        return _run(target, cfg, DraftModelProposer(draft, SAMPLE))
+    (a, sa), (b, sb), (c, _) = run(7), run(7), run(8)
+    assert a == b and sa.accepted_per_pass == sb.accepted_per_pass and sa.deviation == sb.deviation
+    assert a != c
+
+
+def test_nsd_greedy_accepts_more_and_reports_deviation() -> None:
+    target = MockLM(vocab_size=32, seed=6, sharpness=1.0)
+    draft = MockLM(vocab_size=32, seed=7, sharpness=1.0)
+    sd = _run(target, DecodeConfig(sampling=GREEDY, k=4, max_new_tokens=60),
+              DraftModelProposer(draft, GREEDY))[1]
+    nsd = _run(target, DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.9), sampling=GREEDY, k=4,
+                                    max_new_tokens=60), DraftModelProposer(draft, GREEDY))[1]
+    assert nsd.tau > sd.tau
+    assert nsd.relaxed_accepts > 0
+    assert nsd.deviation == pytest.approx(nsd.relaxed_accepts)  # greedy: each relaxed accept costs 1
+    budget = _run(target, DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.9, budget=2.0),
+                                       sampling=GREEDY, k=4, max_new_tokens=60),
+                  DraftModelProposer(draft, GREEDY))[1]
+    assert budget.deviation <= 2.0 and budget.relaxed_accepts <= 2
+
+
+def _exact_sequence_probs(target: MockLM, prompt: list[int], length: int, v: int) -> dict:
+    probs = {}
+    for seq in itertools.product(range(v), repeat=length):
+        ctx, pr = list(prompt), 1.0
+        for tok in seq:
+            pr *= torch.softmax(target.logits_after(ctx), -1)[tok].item()
+            ctx.append(tok)
+        probs[seq] = pr
+    return probs
+
+
+def _empirical(config: DecodeConfig, n: int, v: int, length: int):
+    target, draft = MockLM(vocab_size=v, seed=10, sharpness=1.5), MockLM(vocab_size=v, seed=11, sharpness=1.5)
+    counts: dict = {}
+    deviations = []
+    for seed in range(n):
+        tokens, stats = _run(target, DecodeConfig(**{**config.__dict__, "seed": seed}),
+                             DraftModelProposer(draft, SAMPLE), prompt=(1, 2))
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+        deviations.append(stats.deviation)
+    return target, counts, sum(deviations) / n
+
+
+def test_sequence_level_distribution_exact_and_nsd_bound() -> None:
+    v, length, n = 4, 3, 4000
+    base = dict(sampling=SAMPLE, k=2, max_new_tokens=length)
+    target, counts, mean_dev = _empirical(DecodeConfig(rule=RuleConfig(kind="exact"), **base), n, v, length)
+    exact = _exact_sequence_probs(target, [1, 2], length, v)
+    chi2 = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
+    dof = len(exact) - 1
+    assert chi2 < dof + 5 * math.sqrt(2 * dof), chi2  # exact SD samples the target's sequences
+    assert mean_dev == 0.0
+
+    _, counts, mean_dev = _empirical(DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.9), **base), n, v, length)
+    tv = 0.5 * sum(abs(counts.get(s, 0) / n - p) for s, p in exact.items())
+    # Empirical TV carries a positive sampling bias of about Σ sqrt(p/n)/2 ≈ 0.05 here.
+    noise = 0.5 * sum(math.sqrt(p * (1 - p) / n) for p in exact.values())
+    assert mean_dev > 0.05
+    assert tv <= mean_dev + 2 * noise, (tv, mean_dev, noise)
+
+
+def test_eos_and_stop_check_and_length() -> None:
+    target = MockLM(seed=12)
+    tokens, _ = _run(target, DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=30))
+    eos = tokens[5]
+    first = tokens.index(eos)
+    out, stats = _run(target, DecodeConfig(sampling=GREEDY, k=4, max_new_tokens=30),
+                      DraftModelProposer(MockLM(seed=12), GREEDY), eos_token_ids=[eos])
+    assert out == tokens[:first + 1] and stats.stop_reason == "eos"
+    out, stats = _run(target, DecodeConfig(sampling=GREEDY, k=4, max_new_tokens=30),
+                      DraftModelProposer(MockLM(seed=12), GREEDY), stop_check=lambda g: len(g) >= 7)
+    assert stats.stop_reason == "stop" and out == tokens[:len(out)] and len(out) >= 7
+    out, stats = _run(target, DecodeConfig(sampling=GREEDY, k=8, max_new_tokens=3),
+                      DraftModelProposer(MockLM(seed=12), GREEDY))
+    assert out == tokens[:3] and stats.stop_reason == "length"
+
+
+def test_ngram_proposer() -> None:
+    prop = NgramProposer(NgramConfig(max_ngram=2))
+    gen = torch.Generator()
+    p = prop.propose([5, 6, 7, 8, 9, 5, 6], 3, gen)
+    assert p.tokens.tolist() == [7, 8, 9] and p.probs is None
+    assert prop.propose([1, 2, 3], 3, gen).tokens.numel() == 0  # nothing to copy
+    assert prop.propose([1, 2, 1], 4, gen).tokens.tolist() == [2, 1]  # unigram fallback, short
+    with pytest.raises(NSDError):
+        NgramConfig(min_ngram=0)
+
+
+def test_ngram_sd_is_lossless_greedy() -> None:
+    target = MockLM(vocab_size=8, seed=13)  # small vocab: repetitive text, n-grams hit
+    ar, _ = _run(target, DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=60))
+    sd, stats = _run(target, DecodeConfig(sampling=GREEDY, k=4, max_new_tokens=60), NgramProposer())
+    assert sd == ar and stats.accepted_tokens > 0 and stats.target_passes < 60
+
+
+def test_adaptive_k_policy() -> None:
+    pol = AdaptiveK(k=4, k_max=6)
+    pol.update(4, 4)
+    assert pol.k == 6
+    pol.update(6, 6)
+    assert pol.k == 6
+    pol.update(6, 2)
+    assert pol.k == 5
+    target = MockLM(seed=3)
+    _, stats = _run(target, DecodeConfig(sampling=GREEDY, k=2, adaptive_k=True, k_max=8, max_new_tokens=40),
+                    DraftModelProposer(MockLM(seed=3), GREEDY))
+    assert max(len(stats.position_attempts), 0) == 8  # grew to k_max with an exact draft
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(NSDError, match="empty"):
+        _run(MockLM(), DecodeConfig(speculative=False), prompt=())
+    with pytest.raises(NSDError):
+        DecodeConfig(k=0)
+    with pytest.raises(NSDError):
+        DecodeConfig(max_new_tokens=0)
+    with pytest.raises(NSDError, match="vocabularies differ"):
+        DraftModelProposer(MockLM(vocab_size=8), GREEDY, target_vocab_size=16)
