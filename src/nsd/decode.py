@@ -76,6 +76,8 @@ class DecodeStats:
     stop_reason: str  # "eos", "stop" or "length"
     prefill_s: float
     wall_s: float
+    propose_s: float  # time in the proposer (draft model forwards, n-gram lookup)
+    target_s: float  # time in target forwards after the prefill
     position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
     position_accepts: list[int] = field(default_factory=list)
     accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
@@ -102,10 +104,16 @@ class DecodeStats:
         decode = self.wall_s - self.prefill_s
         return self.new_tokens / decode if decode > 0 else 0.0
 
+    @property
+    def overhead_per_pass_s(self) -> float:
+        """nsd's own time per target pass: sampling transform, verification, bookkeeping."""
+        rest = self.wall_s - self.prefill_s - self.propose_s - self.target_s
+        return rest / self.target_passes if self.target_passes else 0.0
+
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         for name in ("tau", "acceptance_rate", "acceptance_by_position", "tokens_per_s",
-                     "decode_tokens_per_s"):
+                     "decode_tokens_per_s", "overhead_per_pass_s"):
             out[name] = getattr(self, name)
         out["deviation_per_token"] = self.deviation / self.new_tokens if self.new_tokens else 0.0
         return out
@@ -149,6 +157,7 @@ def decode(
 
     generated: list[int] = []
     passes = drafted = accepted = relaxed = 0
+    propose_s = target_s = 0.0
     attempts = [0] * max(config.k, config.k_max)
     accepts = [0] * max(config.k, config.k_max)
     accepted_per_pass: list[int] = []
@@ -159,9 +168,14 @@ def decode(
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
         k = min(policy.k if policy else config.k, remaining - 1)
+        t0 = time.perf_counter()
         proposal = proposer.propose(context, k, generator) if (config.speculative and k > 0) else None
         draft = proposal.tokens.tolist() if proposal is not None else []
+        t1 = time.perf_counter()
         logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
+        t2 = time.perf_counter()
+        propose_s += t1 - t0
+        target_s += t2 - t1
         passes += 1
         if not draft:
             new = [_sample_one(logits[-1], sampling, generator)]
@@ -224,6 +238,8 @@ def decode(
         stop_reason=stop_reason,
         prefill_s=prefill_s,
         wall_s=time.perf_counter() - start,
+        propose_s=propose_s,
+        target_s=target_s,
         position_attempts=_trim_zeros(attempts),
         position_accepts=accepts[:len(_trim_zeros(attempts))],
         accepted_per_pass=accepted_per_pass,

@@ -1,0 +1,230 @@
+"""The library entry point: load a target (and a draft), then generate.
+
+>>> from nsd.api import Engine, GenerationConfig
+>>> engine = Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
+>>> result = engine.generate("def quicksort(arr):", GenerationConfig(method="nsd", theta=0.9))
+>>> result.text, result.stats.tau, result.stats.deviation
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from typing import Generator, Sequence
+
+from nsd.backends.base import ModelBackend
+from nsd.decode import DecodeConfig, DecodeStats, decode
+from nsd.errors import NSDError
+from nsd.models import ensure_hf_folder, ensure_tokenizer_folder, resolve_model
+from nsd.proposers.base import Proposer
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.ngram import NgramConfig, NgramProposer
+from nsd.sampling import SamplingConfig
+from nsd.verify import RuleConfig
+
+METHODS = ("ar", "sd", "nsd", "typical")
+BACKENDS = ("auto", "llama", "hf")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How models are run. ``auto`` picks llama.cpp for GGUF files when it is installed
+    (the fastest CPU path measured), transformers otherwise."""
+
+    backend: str = "auto"
+    dtype: str = "float32"  # transformers backend only
+    threads: int | None = None
+    n_ctx: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise NSDError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.threads is not None and self.threads < 1:
+            raise NSDError(f"threads must be >= 1, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """User-level settings of one generation; turned into a :class:`DecodeConfig`."""
+
+    method: str = "nsd"
+    theta: float = 0.9
+    budget: float = math.inf
+    cap: float = math.inf
+    smooth: bool = False
+    typical_epsilon: float = 0.3
+    typical_delta: float = 0.09
+    k: int = 4
+    adaptive_k: bool = False
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise NSDError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+
+    def rule(self) -> RuleConfig:
+        kind = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}[self.method]
+        return RuleConfig(kind=kind, theta=self.theta, budget=self.budget, cap=self.cap,
+                          smooth=self.smooth, epsilon=self.typical_epsilon,
+                          typical_delta=self.typical_delta)
+
+    def decode_config(self) -> DecodeConfig:
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
+                            k=self.k, adaptive_k=self.adaptive_k, max_new_tokens=self.max_new_tokens,
+                            seed=self.seed)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: DecodeStats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "stats": self.stats.to_dict()}
+
+
+def llama_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def load_backend(model: str, options: BackendOptions) -> tuple[ModelBackend, str]:
+    """Load one model; returns the backend and the folder its tokenizer loads from."""
+    resolved = resolve_model(model)
+    backend = options.backend
+    if backend == "auto":
+        backend = "llama" if resolved.gguf_path is not None and llama_available() else "hf"
+    if backend == "llama":
+        if resolved.gguf_path is None:
+            raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
+                           "folder (use --backend hf)")
+        from nsd.backends.llama_cpp import LlamaCppBackend
+
+        tokenizer_dir = ensure_tokenizer_folder(model)
+        return LlamaCppBackend(resolved.gguf_path, n_threads=options.threads, n_ctx=options.n_ctx), \
+            str(tokenizer_dir)
+    from nsd.backends.hf import HFBackend
+
+    hf_dir = resolved.hf_dir or ensure_hf_folder(model)
+    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads), str(hf_dir)
+
+
+def _load_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+class Engine:
+    """A target model, optionally a draft model, and their shared tokenizer."""
+
+    def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
+                 options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig()) -> None:
+        proposer = proposer or ("draft" if draft else "ngram")
+        if proposer not in ("draft", "ngram"):
+            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
+        if proposer == "draft" and not draft:
+            raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
+        self.proposer_kind = proposer
+        self.ngram = ngram
+        self.target, tok_dir = load_backend(target, options)
+        self.tokenizer = _load_tokenizer(tok_dir)
+        self.draft: ModelBackend | None = None
+        if proposer == "draft":
+            self.draft, draft_tok_dir = load_backend(draft, options)
+            _check_same_tokenizer(self.tokenizer, _load_tokenizer(draft_tok_dir), target, draft)
+            if self.draft.vocab_size != self.target.vocab_size:
+                raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
+                               f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
+        self.eos_token_ids = self._eos_ids()
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = set(getattr(self.target, "eos_token_ids", ()))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return tuple(sorted(ids))
+
+    def encode(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        """Token ids of ``prompt``; with ``chat``, wrapped in the model's chat template."""
+        if not prompt or not prompt.strip():
+            raise NSDError("the prompt is empty")
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise NSDError("this model's tokenizer has no chat template; drop --chat")
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": prompt}]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(prompt)
+
+    def make_proposer(self, config: DecodeConfig) -> Proposer | None:
+        if not config.speculative:
+            return None
+        if self.proposer_kind == "ngram":
+            return NgramProposer(self.ngram)
+        return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size)
+
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
+               ) -> Generator[str, None, GenerationResult]:
+        """Yield text as it is produced; return the full :class:`GenerationResult`."""
+        decode_config = config.decode_config()
+        stops = tuple(s for s in config.stop if s)
+        tail = max((len(s) for s in stops), default=0) + 16
+
+        def stop_check(generated: list[int]) -> bool:
+            return any(s in self.tokenizer.decode(generated[-tail:]) for s in stops)
+
+        gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
+                     self.eos_token_ids, stop_check if stops else None)
+        tokens: list[int] = []
+        shown = ""
+        while True:
+            try:
+                tokens.extend(next(gen))
+            except StopIteration as done:
+                stats: DecodeStats = done.value
+                break
+            text = self._visible_text(tokens, stops)
+            # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.
+            safe = text.rstrip("\ufffd")
+            if stops:
+                safe = safe[:max(len(shown), len(safe) - tail)]
+            if len(safe) > len(shown) and safe.startswith(shown):
+                yield safe[len(shown):]
+                shown = safe
+        text = self._visible_text(tokens, stops)
+        if len(text) > len(shown) and text.startswith(shown):
+            yield text[len(shown):]
+        return GenerationResult(text=text, token_ids=tokens, stats=stats)
+
+    def generate(self, prompt: str | Sequence[int], config: GenerationConfig = GenerationConfig(),
+                 chat: bool = False) -> GenerationResult:
+        ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
+        gen = self.stream(ids, config)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
+
+    def _visible_text(self, tokens: list[int], stops: tuple[str, ...]) -> str:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        for s in stops:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+
+def _check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise NSDError(f"draft {draft} and target {target} use different tokenizers; speculative "
+                       "decoding needs a draft that shares the target's vocabulary")

