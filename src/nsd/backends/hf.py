@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +36,9 @@ class HFBackend:
         self._num_cached = 0
         eos = self.model.generation_config.eos_token_id
         self.eos_token_ids: tuple[int, ...] = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        # transformers renamed `past_key_values` to `cache` (the old name warns from 5.2x).
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     @property
@@ -57,7 +61,7 @@ class HFBackend:
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([list(tokens)], dtype=torch.long)
-        out = self.model(input_ids=ids, past_key_values=self._cache, use_cache=True,
+        out = self.model(input_ids=ids, **{self._cache_kwarg: self._cache}, use_cache=True,
                          logits_to_keep=0 if all_logits else 1)
         self._num_cached += len(tokens)
         return out.logits[0].float()  # [n or 1, V]
@@ -65,8 +69,13 @@ class HFBackend:
     def rewind(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_cached:
             raise ValueError(f"cannot rewind to {num_tokens}: cache holds {self._num_cached}")
+        if num_tokens == 0:
+            self.reset()
+            return
         if self._cache is not None and num_tokens < self._num_cached:
-            self._cache.crop(num_tokens)
+            # A negative crop removes that many tokens in every transformers version that
+            # has DynamicCache.crop; positive "keep n" was dropped in 5.x.
+            self._cache.crop(num_tokens - self._num_cached)
         self._num_cached = num_tokens
 
     def reset(self) -> None:
