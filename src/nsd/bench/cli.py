@@ -1,0 +1,191 @@
+"""``nsd bench``: the argparse front of the benchmark (argparse lives only here).
+
+Example::
+
+    nsd bench --dataset humaneval --limit 20 --methods ar,sd,nsd --theta 0.9 \\
+        --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \\
+        --out results/humaneval
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+from nsd.errors import NSDError
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _csv_floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    from nsd.cli import add_decoding_args, add_model_args
+
+    # "resolve": the shared model/decoding flags are reused, and the few that take a list
+    # here (--theta, --budget, --proposer) are redefined below, replacing the scalar ones.
+    p = subparsers.add_parser(
+        "bench", conflict_handler="resolve",
+        help="benchmark AR, SD, NSD (and transformers' peers) on Spec-Bench, HumanEval, MT-Bench",
+        description="Run every method on every prompt (interleaved), then write results.json, "
+                    "report.md and plots to --out. Interrupted runs resume from the journal there.")
+    add_model_args(p, need_target=False)
+    p.add_argument("--target", default=None,
+                   help=f"target model: registry name, .gguf file or HF folder (default: {DEFAULT_TARGET}, "
+                        f"with draft {DEFAULT_DRAFT})")
+    p.add_argument("--draft", default=None,
+                   help="draft model sharing the target's tokenizer (default: none for a custom target)")
+    add_decoding_args(p, with_method=False)
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", type=_csv, default=["humaneval"],
+                      help="comma-separated: spec-bench, humaneval, mt-bench, or a .jsonl file "
+                           "(default: humaneval)")
+    data.add_argument("--prompt-field", default="prompt",
+                      help="text field of a custom .jsonl dataset (a list of turns: the first)")
+    data.add_argument("--limit", type=int, default=None,
+                      help="prompts per dataset (per category with --per-category)")
+    data.add_argument("--per-category", action="store_true", help="apply --limit to each category")
+    data.add_argument("--categories", type=_csv, default=[], help="only these categories, comma-separated")
+    data.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                      help="force the chat template on/off (default: on for instructions, off "
+                           "for HumanEval's code completion)")
+    grid = p.add_argument_group("methods")
+    grid.add_argument("--methods", type=_csv, default=["ar", "sd", "nsd"],
+                      help="comma-separated from ar, sd, nsd, nsd-budget, typical, hf-ar, "
+                           "hf-assisted, hf-pld (default: ar,sd,nsd)")
+    grid.add_argument("--theta", type=_csv_floats, default=[0.9],
+                      help="NSD nucleus thresholds θ, comma-separated (one nsd method each)")
+    grid.add_argument("--budget", type=_csv_floats, default=[],
+                      help="fidelity budgets B for nsd-budget, comma-separated")
+    grid.add_argument("--budget-theta", type=float, default=None,
+                      help="θ used by nsd-budget (default: the largest --theta)")
+    grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
+                      help="draft and/or ngram, comma-separated (default: draft if a draft model "
+                           "is set, else ngram)")
+    grid.add_argument("--max-new-tokens", type=int, default=256,
+                      help="new tokens per generation (default 256; HumanEval usually stops "
+                           "earlier at its stop sequences)")
+    run = p.add_argument_group("run")
+    run.add_argument("--out", type=Path, default=None, help="output folder (default: results/<dataset>)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="discard an earlier run in --out instead of resuming it")
+    run.add_argument("--no-loglik", dest="loglik", action="store_false",
+                     help="skip the target log-likelihood of each output (one forward each)")
+    run.add_argument("--no-exec", dest="execute", action="store_false",
+                     help="do not run HumanEval tests (pass@1 is then not reported). The tests run "
+                          "model-written code in a subprocess with time and memory limits; it is "
+                          "not a sandbox")
+    run.add_argument("--exec-timeout", type=float, default=10.0, help="seconds per HumanEval test run")
+    run.add_argument("--no-dataset-stops", dest="dataset_stops", action="store_false",
+                     help="let HumanEval generations run past its stop sequences (\\ndef, \\nclass, "
+                          "...); completions are still cut there for pass@1")
+    run.add_argument("--max-other-load", type=float, default=0.25,
+                     help="flag calls during which other processes used more than this share of "
+                          "all CPU cores (default 0.25)")
+    run.add_argument("--no-warmup", dest="warmup", action="store_false",
+                     help="skip the short untimed warm-up calls")
+    run.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
+    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _settings(args: argparse.Namespace, base) -> dict:
+    """What must match for records to be comparable (see nsd.bench.store); the selection
+    of datasets, prompts and methods may change between resumed runs."""
+    generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
+    return {"target": args.target, "draft": args.draft,
+            "backend": args.backend, "dtype": args.dtype, "threads": args.threads, "n_ctx": args.n_ctx,
+            "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
+            "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
+            "loglik": args.loglik, "execute": args.execute, "exec_timeout_s": args.exec_timeout}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from nsd.bench.datasets import DatasetConfig, load_prompts
+    from nsd.bench.methods import expand_methods
+    from nsd.bench.report import write_report
+    from nsd.bench.runner import RunConfig, collect, pending
+    from nsd.bench.store import Journal
+    from nsd.cli import generation_config
+
+    if args.target is None:  # the default pair; a custom target brings its own draft
+        args.target = DEFAULT_TARGET
+        args.draft = args.draft or DEFAULT_DRAFT
+    proposers = args.proposers if args.proposers is not None else (["draft"] if args.draft else ["ngram"])
+    if not 0.0 <= args.max_other_load <= 1.0:
+        raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
+    specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta)
+    if not args.draft and any(s.proposer == "draft" or s.family == "hf-assisted" for s in specs):
+        raise NSDError("the draft proposer and hf-assisted need a draft model (--draft NAME)")
+    # Validate every scalar knob through the shared path (θ/budget vary per method).
+    scalar = argparse.Namespace(**{**vars(args), "theta": 0.9, "budget": math.inf})
+    base = generation_config(scalar, method="ar")
+    if base.temperature > 0 and any(s.is_hf for s in specs):
+        raise NSDError("the hf-* peers are greedy only; use --temperature 0 or drop them from --methods")
+    config = RunConfig(methods=specs, generation=base, loglik=args.loglik, execute=args.execute,
+                       exec_timeout_s=args.exec_timeout, dataset_stops=args.dataset_stops,
+                       warmup=args.warmup)
+    prompts = load_prompts(DatasetConfig(names=tuple(args.dataset), limit=args.limit,
+                                         per_category=args.per_category,
+                                         categories=tuple(args.categories),
+                                         prompt_field=args.prompt_field, chat=args.chat))
+    out = args.out or Path("results") / "-".join(Path(d).stem for d in args.dataset)
+    settings = _settings(args, base)
+    journal = Journal(out, settings, overwrite=args.overwrite)
+    todo = pending(journal, prompts, specs)
+    print(f"nsd bench: {len(prompts)} prompts x {len(specs)} methods, {todo} calls to run, "
+          f"{len(prompts) * len(specs) - todo} already in {journal.path}", file=sys.stderr)
+    if todo:
+        records = _runner(args, config, journal).run(prompts)
+    else:  # all done: rewrite the report without loading any model
+        records = collect(journal, prompts, specs)
+    summary, text = write_report(out, records, specs, {**settings, "datasets": list(args.dataset)},
+                                 args.max_other_load)
+    if args.plots:
+        from nsd.bench.plots import write_plots
+
+        write_plots(summary, out)
+    print(text)
+    print(f"nsd bench: wrote {out / 'results.json'} and {out / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+def _runner(args: argparse.Namespace, config, journal):
+    from nsd.bench.load import LoadMonitor
+    from nsd.bench.runner import BenchRunner
+
+    methods = config.methods
+    engine = _engine(args, draft=any(m.proposer == "draft" for m in methods))
+    peers = None
+    if any(m.is_hf for m in methods):
+        from nsd.bench.hf_peers import HFPeers
+
+        peers = HFPeers(args.target, args.draft, need_draft=any(m.family == "hf-assisted" for m in methods),
+                        threads=args.threads)
+    return BenchRunner(engine, config, journal, peers=peers, monitor=LoadMonitor(args.max_other_load),
+                       progress=args.progress)
+
+
+def _engine(args: argparse.Namespace, draft: bool):
+    """Our engine. The draft model is loaded only when a method drafts with it; an Engine
+    switches between it and n-gram lookup per call."""
+    from nsd.api import BackendOptions, Engine
+
+    options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
+                             n_ctx=args.n_ctx)
+    return Engine(args.target, draft=args.draft if draft else None,
+                  proposer="draft" if draft else "ngram", options=options)

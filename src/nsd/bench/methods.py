@@ -1,0 +1,95 @@
+"""The benchmark's method grid: which decoder, which proposer, which θ or budget.
+
+A :class:`MethodSpec` is one column of the results. Labels are stable strings (they key
+the journal): ``ar``, ``sd/draft``, ``nsd@0.9/ngram``, ``nsd-budget@B4/draft``,
+``typical/draft``, and the transformers peers ``hf-ar``, ``hf-assisted``, ``hf-pld``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from nsd.api import GenerationConfig
+from nsd.errors import NSDError
+
+FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld")
+PROPOSERS = ("draft", "ngram")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    label: str
+    family: str
+    proposer: str | None = None  # None for AR and the transformers peers
+    theta: float | None = None
+    budget: float | None = None
+
+    @property
+    def is_hf(self) -> bool:
+        return self.family.startswith("hf-")
+
+    @property
+    def ar_baseline(self) -> str:
+        """The label speedups and agreement are measured against: the AR run on the same
+        code path (ours for our methods, transformers' for its peers)."""
+        return "hf-ar" if self.is_hf else "ar"
+
+    @property
+    def sd_baseline(self) -> str | None:
+        """Exact speculative decoding with the same proposer: what relaxation gains."""
+        return f"sd/{self.proposer}" if self.proposer and self.family != "sd" else None
+
+    def generation_config(self, base: GenerationConfig) -> GenerationConfig:
+        """``base`` with this method's decoder, θ and budget (transformers peers: AR)."""
+        if self.is_hf or self.family == "ar":
+            return dataclasses.replace(base, method="ar")
+        if self.family in ("nsd", "nsd-budget"):
+            return dataclasses.replace(base, method="nsd", theta=self.theta,
+                                       budget=self.budget if self.budget is not None else math.inf)
+        return dataclasses.replace(base, method=self.family)
+
+
+def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Sequence[float],
+                   proposers: Sequence[str], budget_theta: float | None = None) -> tuple[MethodSpec, ...]:
+    """Every (family × θ/budget × proposer) combination, in the order given."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise NSDError(f"unknown method {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
+    bad = [p for p in proposers if p not in PROPOSERS]
+    if bad:
+        raise NSDError(f"unknown proposer {bad[0]!r}; choose draft and/or ngram")
+    if not families:
+        raise NSDError("no methods given")
+    if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):
+        raise NSDError("speculative methods need a proposer (--proposers draft,ngram)")
+    for theta in thetas:
+        if not 0.0 <= theta <= 1.0:
+            raise NSDError(f"theta must be in [0, 1], got {theta}")
+    if "nsd" in families and not thetas:
+        raise NSDError("nsd needs at least one --theta")
+    if "nsd-budget" in families:
+        if not budgets:
+            raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
+        for b in budgets:
+            if not (b >= 0 and math.isfinite(b)):
+                raise NSDError(f"nsd-budget budgets must be finite and >= 0, got {b}")
+    # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
+    theta_b = budget_theta if budget_theta is not None else max(thetas, default=0.9)
+    specs: list[MethodSpec] = []
+    for family in dict.fromkeys(families):
+        if family == "ar" or family.startswith("hf-"):
+            specs.append(MethodSpec(family, family))
+            continue
+        for proposer in proposers:
+            if family == "nsd":
+                specs += [MethodSpec(f"nsd@{t:g}/{proposer}", family, proposer, theta=t)
+                          for t in dict.fromkeys(thetas)]
+            elif family == "nsd-budget":
+                specs += [MethodSpec(f"nsd-budget@B{b:g}/{proposer}", family, proposer,
+                                     theta=theta_b, budget=b) for b in dict.fromkeys(budgets)]
+            else:
+                specs.append(MethodSpec(f"{family}/{proposer}", family, proposer))
+    return tuple(specs)

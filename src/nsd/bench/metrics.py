@@ -1,0 +1,131 @@
+"""Pure functions that turn per-prompt records into benchmark numbers.
+
+Speedups are ratios of *medians of per-prompt tokens/s* measured in the same run: the
+median shrugs off a prompt hit by a burst of machine load, and per-prompt rates weight
+every prompt alike whatever its length.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable, Sequence
+
+import torch
+
+
+def median(values: Iterable[float]) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def mean(values: Iterable[float]) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
+def tau(new_tokens: Sequence[int], target_passes: Sequence[int]) -> float:
+    """Pooled mean accepted length: all new tokens over all target passes."""
+    passes = sum(target_passes)
+    return sum(new_tokens) / passes if passes else math.nan
+
+
+def speedup(rates: Sequence[float], baseline_rates: Sequence[float]) -> float:
+    """Ratio of the median per-prompt tokens/s of a method to that of its baseline."""
+    base = median(baseline_rates)
+    ours = median(rates)
+    if math.isnan(base) or math.isnan(ours) or base <= 0:
+        return math.nan
+    return ours / base
+
+
+def acceptance_by_position(attempts: Iterable[Sequence[int]], accepts: Iterable[Sequence[int]]
+                           ) -> list[float]:
+    """Pooled P(draft position i accepted | the block reached position i), over records
+    whose per-position count lists may differ in length."""
+    total_attempts: list[int] = []
+    total_accepts: list[int] = []
+    for att, acc in zip(attempts, accepts):
+        for i, n in enumerate(att):
+            if i >= len(total_attempts):
+                total_attempts.append(0)
+                total_accepts.append(0)
+            total_attempts[i] += n
+            total_accepts[i] += acc[i] if i < len(acc) else 0
+    return [a / n if n else math.nan for a, n in zip(total_accepts, total_attempts)]
+
+
+def deviation_per_token(deviations: Sequence[float], new_tokens: Sequence[int]) -> float:
+    """Pooled fidelity cost: summed deviation bound D over all generated tokens."""
+    tokens = sum(new_tokens)
+    return sum(deviations) / tokens if tokens else math.nan
+
+
+def token_agreement(tokens: Sequence[int], reference: Sequence[int]) -> float:
+    """Fraction of positions where two token sequences agree, over the longer length
+    (a method that stops early or runs on disagrees on the extra positions)."""
+    longest = max(len(tokens), len(reference))
+    if longest == 0:
+        return 1.0
+    same = sum(1 for a, b in zip(tokens, reference) if a == b)
+    return same / longest
+
+
+def common_prefix_fraction(tokens: Sequence[int], reference: Sequence[int]) -> float:
+    """How far into the reference the sequence follows it exactly (first divergence)."""
+    if not reference:
+        return 1.0 if not tokens else 0.0
+    n = 0
+    for a, b in zip(tokens, reference):
+        if a != b:
+            break
+        n += 1
+    return n / len(reference)
+
+
+def exact_match(text: str, reference: str) -> bool:
+    return text == reference
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al., 2021)."""
+    if n < k:
+        raise ValueError(f"need at least k={k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def pass_at_1(passed: Iterable[bool | None]) -> float:
+    """Fraction of problems solved, one greedy sample each; ``None`` = not executed."""
+    results = [bool(p) for p in passed if p is not None]
+    return sum(results) / len(results) if results else math.nan
+
+
+def accepted_length_histogram(accepted_per_pass: Iterable[Sequence[int]]) -> list[int]:
+    """Counts of target passes that accepted 0, 1, 2, ... draft tokens."""
+    counts: list[int] = []
+    for passes in accepted_per_pass:
+        for n in passes:
+            if n >= len(counts):
+                counts.extend([0] * (n + 1 - len(counts)))
+            counts[n] += 1
+    return counts
+
+
+@torch.inference_mode()
+def mean_log_likelihood(target, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
+    """Mean log p_target(completion token | everything before it), in nats, from one
+    forward over prompt + completion. Raw logits (temperature 1): it scores the text under
+    the target model itself, whichever sampling settings produced it."""
+    if not completion_ids or not prompt_ids:
+        return math.nan
+    ids = list(prompt_ids) + list(completion_ids)
+    target.reset()
+    logits = target.forward(ids[:-1], all_logits=True).float()
+    target.reset()
+    # Row i predicts ids[i + 1]; completion tokens start at position len(prompt_ids).
+    rows = logits[len(prompt_ids) - 1:]
+    logp = torch.log_softmax(rows, dim=-1)
+    picked = logp.gather(1, torch.tensor(list(completion_ids), dtype=torch.long).unsqueeze(1))
+    return float(picked.mean())

@@ -1,0 +1,114 @@
+"""PNG figures from the per-method summary (matplotlib, headless Agg backend).
+
+* ``speedup_vs_theta.png``: NSD speedup over AR against θ, one line per proposer, with
+  exact SD as a dashed reference (θ = 0 is SD).
+* ``quality_vs_speedup.png``: the trade-off: speedup over AR against quality (pass@1
+  where HumanEval ran, else agreement with AR, else mean target log-likelihood).
+* ``accepted_length.png``: how many draft tokens each target pass accepted, per method.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the benchmark runs on headless machines
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ok(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)  # atomic, like every other output file
+    return path
+
+
+def quality_metric(summary: Sequence[dict]) -> tuple[str, str] | None:
+    """The quality column to plot: the first one every speculative row has."""
+    for key, name in (("pass_at_1", "pass@1"), ("agreement", "token agreement with AR"),
+                      ("loglik_mean", "mean target log-likelihood (nats)")):
+        if summary and all(_ok(r.get(key)) for r in summary):
+            return key, name
+    return None
+
+
+def plot_speedup_vs_theta(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in summary if r["family"] == "nsd" and _ok(r["speedup_vs_ar"])]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for proposer in dict.fromkeys(r["proposer"] for r in rows):
+        points = sorted((r["theta"], r["speedup_vs_ar"]) for r in rows if r["proposer"] == proposer)
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"NSD ({proposer})")
+        sd = [r for r in summary if r["method"] == f"sd/{proposer}" and _ok(r["speedup_vs_ar"])]
+        if sd:
+            ax.axhline(sd[0]["speedup_vs_ar"], linestyle="--", color=line.get_color(),
+                       label=f"SD ({proposer})")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("θ (nucleus threshold)")
+    ax.set_ylabel("speedup over AR (median tok/s ratio)")
+    ax.legend()
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_quality_vs_speedup(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in summary if _ok(r["speedup_vs_ar"])]
+    metric = quality_metric(rows)
+    if not rows or metric is None:
+        return None
+    key, name = metric
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        ax.scatter(r["speedup_vs_ar"], r[key], marker="s" if r["family"].startswith("hf-") else "o")
+        ax.annotate(r["method"], (r["speedup_vs_ar"], r[key]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("speedup over AR")
+    ax.set_ylabel(name)
+    ax.set_title("quality vs speed")
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_accepted_length(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in summary if sum(r.get("accepted_length_histogram") or [])]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        counts = r["accepted_length_histogram"]
+        total = sum(counts)
+        xs = [n + (i - (len(rows) - 1) / 2) * width for n in range(len(counts))]
+        ax.bar(xs, [c / total for c in counts], width=width, label=r["method"])
+    ax.set_xlabel("draft tokens accepted in one target pass")
+    ax.set_ylabel("share of passes")
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")  # outside the bars
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(summary: Sequence[dict], out_dir: Path) -> list[Path]:
+    """Every plot the summary has data for; returns the files written."""
+    made = [plot_speedup_vs_theta(summary, out_dir / "speedup_vs_theta.png"),
+            plot_quality_vs_speedup(summary, out_dir / "quality_vs_speedup.png"),
+            plot_accepted_length(summary, out_dir / "accepted_length.png")]
+    return [p for p in made if p is not None]

@@ -1,0 +1,169 @@
+"""Aggregate records into per-method and per-category summaries; write JSON and Markdown.
+
+Every summary is recomputed from the raw records (also saved), so numbers in the report
+can always be re-derived. Agreement compares each output with the AR output of the same
+prompt on the same code path (``ar`` for ours, ``hf-ar`` for transformers' peers).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import platform
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from nsd.bench import metrics
+from nsd.bench.methods import MethodSpec
+from nsd.bench.store import write_json_atomic, write_text_atomic
+
+
+def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[dict]:
+    """One row per method, in ``methods`` order; methods without records are left out."""
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_method[r["method"]].append(r)
+    rates = {label: {r["prompt"]: r["tokens_per_s"] for r in rs} for label, rs in by_method.items()}
+    outputs = {label: {r["prompt"]: r for r in rs} for label, rs in by_method.items()}
+    rows = []
+    for spec in methods:
+        rs = by_method.get(spec.label)
+        if not rs:
+            continue
+        stats = [r["stats"] for r in rs]
+        reference = outputs.get(spec.ar_baseline, {})
+        paired = [(r, reference[r["prompt"]]) for r in rs if r["prompt"] in reference]
+        passed = [r["passed"] for r in rs]
+        rows.append({
+            "method": spec.label, "family": spec.family, "proposer": spec.proposer,
+            "theta": spec.theta, "budget": spec.budget, "prompts": len(rs),
+            "new_tokens_mean": metrics.mean(s["new_tokens"] for s in stats),
+            "tokens_per_s_median": metrics.median(r["tokens_per_s"] for r in rs),
+            "speedup_vs_ar": _speedup(rates, spec.label, spec.ar_baseline),
+            "speedup_vs_sd": _speedup(rates, spec.label, spec.sd_baseline),
+            "tau": metrics.tau([s["new_tokens"] for s in stats], [s["target_passes"] for s in stats]),
+            "acceptance_rate": _ratio(sum(s["accepted_tokens"] for s in stats),
+                                      sum(s["drafted_tokens"] for s in stats)),
+            "acceptance_by_position": metrics.acceptance_by_position(
+                [s["position_attempts"] for s in stats], [s["position_accepts"] for s in stats]),
+            "relaxed_share": _ratio(sum(s["relaxed_accepts"] for s in stats),
+                                    sum(s["accepted_tokens"] for s in stats)),
+            "deviation_per_token": metrics.deviation_per_token(
+                [s["deviation"] for s in stats], [s["new_tokens"] for s in stats]),
+            "pass_at_1": metrics.pass_at_1(passed),
+            "agreement": metrics.mean(metrics.token_agreement(r["output_ids"], a["output_ids"])
+                                      for r, a in paired),
+            "prefix_agreement": metrics.mean(metrics.common_prefix_fraction(r["output_ids"], a["output_ids"])
+                                             for r, a in paired),
+            "exact_match": metrics.mean(float(metrics.exact_match(r["text"], a["text"])) for r, a in paired),
+            "loglik_mean": metrics.mean(r["loglik"] for r in rs),
+            "accepted_length_histogram": metrics.accepted_length_histogram(
+                s.get("accepted_per_pass", []) for s in stats),
+            "loaded_calls": sum(bool(r["load"]["flagged"]) for r in rs),
+            "other_cpu_mean": metrics.mean(r["load"]["other_cpu"] for r in rs),
+        })
+    return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def _speedup(rates: dict[str, dict[str, float]], label: str, baseline: str | None) -> float:
+    """Ratio of medians over the prompts both methods ran (the same prompts, same run)."""
+    if baseline is None or baseline not in rates:
+        return math.nan
+    ours, base = rates[label], rates[baseline]
+    common = [p for p in ours if p in base]
+    return metrics.speedup([ours[p] for p in common], [base[p] for p in common])
+
+
+def summarize_by_category(records: Sequence[dict], methods: Sequence[MethodSpec]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[f"{r['dataset']}/{r['category']}"].append(r)
+    return {name: summarize(rs, methods) for name, rs in groups.items()}
+
+
+def environment() -> dict:
+    versions = {}
+    for package in ("torch", "transformers", "llama_cpp_python", "nsd"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "processor": platform.processor(), "versions": versions}
+
+
+def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value) + suffix
+
+
+def _positions(values: Iterable[float]) -> str:
+    shown = [_num(v) for v in values]
+    return " ".join(shown) if shown else "-"
+
+
+def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settings: dict,
+             max_other_cpu: float) -> str:
+    lines = ["# nsd bench", ""]
+    lines.append(f"Target `{settings.get('target')}`, draft `{settings.get('draft')}`, backend "
+                 f"`{settings.get('backend')}`; datasets {', '.join(settings.get('datasets', []))}; "
+                 f"max {settings['generation']['max_new_tokens']} new tokens, temperature "
+                 f"{settings['generation']['temperature']}, k = {settings['generation']['k']}.")
+    lines += ["", "tok/s counts output tokens up to a stop sequence. Speedups are ratios of median "
+              "per-prompt tokens/s within this run; hf-* peers "
+              "are compared with hf-ar. τ = new tokens per target pass. Acceptance by position: "
+              "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
+              "Agreement: token positions equal to the AR output (exact: identical text).", ""]
+    lines += _table(summary)
+    loaded = sum(r["loaded_calls"] for r in summary)
+    calls = sum(r["prompts"] for r in summary)
+    if loaded:
+        lines += ["", f"**Load warning:** {loaded} of {calls} timed calls ran while other "
+                  f"processes used more than {100 * max_other_cpu:.0f}% of the CPU (column "
+                  "'loaded'); their timings are less reliable. Rerun on an idle machine."]
+    if len(by_category) > 1:
+        lines += ["", "## By category", ""]
+        header = "| category | method | prompts | tok/s | vs AR | vs SD | τ | D/token | pass@1 | agree | loglik |"
+        lines += [header, "|---" * 11 + "|"]
+        for name, rows in by_category.items():
+            for r in rows:
+                lines.append(f"| {name} | {r['method']} | {r['prompts']} | "
+                             f"{_num(r['tokens_per_s_median'], '{:.1f}')} | "
+                             f"{_num(r['speedup_vs_ar'], '{:.2f}', 'x')} | {_num(r['speedup_vs_sd'], '{:.2f}', 'x')} | "
+                             f"{_num(r['tau'])} | {_num(r['deviation_per_token'], '{:.3f}')} | "
+                             f"{_num(r['pass_at_1'])} | {_num(r['agreement'])} | {_num(r['loglik_mean'], '{:.3f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _table(rows: Sequence[dict]) -> list[str]:
+    header = ("| method | prompts | tok/s (median) | vs AR | vs SD | τ | acceptance by position | "
+              "D/token | pass@1 | agree w/ AR | exact | loglik | loaded |")
+    out = [header, "|---" * 13 + "|"]
+    for r in rows:
+        out.append(f"| {r['method']} | {r['prompts']} | {_num(r['tokens_per_s_median'], '{:.1f}')} | "
+                   f"{_num(r['speedup_vs_ar'], '{:.2f}', 'x')} | {_num(r['speedup_vs_sd'], '{:.2f}', 'x')} | "
+                   f"{_num(r['tau'])} | {_positions(r['acceptance_by_position'])} | "
+                   f"{_num(r['deviation_per_token'], '{:.3f}')} | {_num(r['pass_at_1'])} | "
+                   f"{_num(r['agreement'])} | {_num(r['exact_match'])} | {_num(r['loglik_mean'], '{:.3f}')} | "
+                   f"{r['loaded_calls'] or '-'} |")
+    return out
+
+
+def write_report(out_dir: Path, records: Sequence[dict], methods: Sequence[MethodSpec],
+                 settings: dict, max_other_cpu: float) -> tuple[list[dict], str]:
+    """Write ``results.json`` and ``report.md`` atomically; return the summary and the text."""
+    summary = summarize(records, methods)
+    by_category = summarize_by_category(records, methods)
+    text = markdown(summary, by_category, settings, max_other_cpu)
+    write_json_atomic(out_dir / "results.json", {
+        "settings": settings, "environment": environment(), "max_other_cpu": max_other_cpu,
+        "summary": summary, "by_category": by_category, "records": list(records)})
+    write_text_atomic(out_dir / "report.md", text)
+    return summary, text

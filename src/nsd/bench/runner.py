@@ -1,0 +1,184 @@
+"""The benchmark loop: every method on every prompt, interleaved prompt by prompt.
+
+Interleaving (and rotating which method goes first) spreads slow drift in machine load
+over all methods alike, so per-prompt rates of different methods stay comparable. Only
+the generation itself is timed; the log-likelihood forward and the HumanEval execution
+happen after the clock stops. Each finished record goes to the journal at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from nsd.api import GenerationConfig
+from nsd.bench.datasets import BenchPrompt
+from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
+from nsd.bench.load import LoadMonitor
+from nsd.bench.methods import MethodSpec
+from nsd.bench.metrics import mean_log_likelihood
+from nsd.bench.store import Journal
+from nsd.errors import NSDError
+
+_WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How each (prompt, method) call is made and scored."""
+
+    methods: tuple[MethodSpec, ...]
+    generation: GenerationConfig = GenerationConfig()  # method/θ/budget replaced per method
+    loglik: bool = True  # score every output under the target (one forward each)
+    execute: bool = True  # run HumanEval tests for pass@1
+    exec_timeout_s: float = 10.0
+    dataset_stops: bool = True  # end HumanEval generations at its stop sequences
+    warmup: bool = True  # one short untimed call per code path before timing anything
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise NSDError("no methods to benchmark")
+        labels = [m.label for m in self.methods]
+        if len(set(labels)) != len(labels):
+            raise NSDError("a method is listed twice")
+        if self.exec_timeout_s <= 0:
+            raise NSDError(f"the execution timeout must be > 0, got {self.exec_timeout_s}")
+
+
+def use_proposer(engine, kind: str | None) -> None:
+    """Point the engine at the proposer a method asks for (the draft model or n-grams);
+    an Engine loads its draft once and can switch per call."""
+    if kind is None:
+        return
+    if kind == "draft" and getattr(engine, "draft", None) is None:
+        raise NSDError("the draft proposer needs a draft model (--draft NAME)")
+    engine.proposer_kind = kind
+
+
+def pending(journal: Journal, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec]) -> int:
+    """How many (prompt, method) calls the journal still lacks."""
+    return sum((p.uid, m.label) not in journal for p in prompts for m in methods)
+
+
+def collect(journal: Journal, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec]) -> list[dict]:
+    """The selection's records, prompt-major, from a complete journal."""
+    return [journal.records[(p.uid, m.label)] for p in prompts for m in methods]
+
+
+def visible_tokens(tokenizer, tokens: Sequence[int], text: str) -> list[int]:
+    """The shortest prefix of ``tokens`` whose text covers ``text`` (the output up to its
+    stop string). Overshoot is at most one block, so scan back from the end."""
+    n = len(tokens)
+    while n > 0 and len(tokenizer.decode(list(tokens[:n - 1]), skip_special_tokens=True)) >= len(text):
+        n -= 1
+    return list(tokens[:n])
+
+
+class BenchRunner:
+    """Runs the (prompt × method) grid, skipping records already in the journal.
+
+    ``engine`` is an :class:`nsd.api.Engine` (or anything with ``encode``, ``generate``,
+    ``target`` and ``proposer_kind``); ``peers`` an :class:`~nsd.bench.hf_peers.HFPeers`
+    when hf-* methods are selected.
+    """
+
+    def __init__(self, engine, config: RunConfig, journal: Journal, peers=None,
+                 monitor: LoadMonitor | None = None, progress: bool = True) -> None:
+        if any(m.is_hf for m in config.methods) and peers is None:
+            raise NSDError("hf-* methods need the transformers peers loaded")
+        self.engine = engine
+        self.config = config
+        self.journal = journal
+        self.peers = peers
+        self.monitor = monitor or LoadMonitor()
+        self.progress = progress
+
+    def run(self, prompts: Sequence[BenchPrompt]) -> list[dict]:
+        """Fill in the missing records; return all records of this selection."""
+        from tqdm import tqdm
+
+        methods = self.config.methods
+        total = len(prompts) * len(methods)
+        todo = pending(self.journal, prompts, methods)
+        if todo and self.config.warmup:
+            self._warmup(prompts[0])
+        bar = tqdm(total=total, initial=total - todo, file=sys.stderr, unit="call",
+                   disable=not self.progress, dynamic_ncols=True)
+        try:
+            for index, prompt in enumerate(prompts):
+                if all((prompt.uid, m.label) in self.journal for m in methods):
+                    continue
+                ids = self.engine.encode(prompt.text, chat=prompt.chat)
+                shift = index % len(methods)
+                for spec in methods[shift:] + methods[:shift]:
+                    if (prompt.uid, spec.label) in self.journal:
+                        continue
+                    record = self._one(prompt, ids, spec)
+                    self.journal.append(record)
+                    bar.set_postfix_str(f"{spec.label} {record['tokens_per_s']:.1f} tok/s")
+                    bar.update(1)
+        finally:
+            bar.close()
+        return collect(self.journal, prompts, methods)
+
+    def _config(self, prompt: BenchPrompt, spec: MethodSpec) -> GenerationConfig:
+        config = spec.generation_config(self.config.generation)
+        if self.config.dataset_stops and prompt.entry_point is not None and not prompt.chat:
+            config = dataclasses.replace(config, stop=tuple(config.stop) + HUMANEVAL_STOPS)
+        return config
+
+    def _generate(self, spec: MethodSpec, ids: list[int], config: GenerationConfig):
+        if spec.is_hf:
+            return self.peers.generate(spec.family, ids, config)
+        use_proposer(self.engine, spec.proposer)
+        result = self.engine.generate(ids, config)
+        return result.token_ids, result.text, result.stats
+
+    def _warmup(self, prompt: BenchPrompt) -> None:
+        """Untimed calls so lazy allocations and caches are not billed to the first method."""
+        ids = self.engine.encode(prompt.text, chat=prompt.chat)
+        seen: set[tuple] = set()
+        for spec in self.config.methods:
+            path = (spec.family if spec.is_hf else spec.family == "ar", spec.proposer)
+            if path in seen:
+                continue
+            seen.add(path)
+            config = dataclasses.replace(self._config(prompt, spec), max_new_tokens=_WARMUP_TOKENS)
+            self._generate(spec, ids, config)
+
+    def _one(self, prompt: BenchPrompt, ids: list[int], spec: MethodSpec) -> dict:
+        config = self._config(prompt, spec)
+        with self.monitor.measure() as load:
+            tokens, text, stats = self._generate(spec, ids, config)
+        output = visible_tokens(self.engine.tokenizer, tokens, text) if stats.stop_reason == "stop" \
+            else list(tokens)
+        record = {
+            "prompt": prompt.uid, "dataset": prompt.dataset, "category": prompt.category,
+            "method": spec.label, "family": spec.family, "proposer": spec.proposer,
+            "theta": spec.theta, "budget": spec.budget,
+            "text": text, "token_ids": list(tokens), "output_ids": output,
+            # Useful tokens per second: a speculative pass can overshoot a stop string by up
+            # to k tokens that nobody sees; counting them would flatter speculation.
+            "tokens_per_s": len(output) / stats.wall_s if stats.wall_s > 0 else 0.0,
+            "stats": stats.to_dict(),
+            "load": load.sample.to_dict(),
+            "loglik": None, "passed": None, "exec_status": None, "exec_detail": None, "completion": None,
+        }
+        if self.config.loglik:
+            record["loglik"] = mean_log_likelihood(self.engine.target, ids, output)
+        if prompt.test is not None and prompt.entry_point is not None:
+            self._score_humaneval(prompt, text, record)
+        return record
+
+    def _score_humaneval(self, prompt: BenchPrompt, text: str, record: dict) -> None:
+        if prompt.chat:  # a chat answer holds a whole program in a code block
+            completion, header = extract_code(text), ""
+        else:  # a code completion continues the prompt's function body
+            completion, header = truncate_completion(text), prompt.text
+        record["completion"] = completion
+        if self.config.execute:
+            result = check_completion(header, completion, prompt.test, prompt.entry_point,
+                                      self.config.exec_timeout_s)
+            record.update(passed=result.passed, exec_status=result.status, exec_detail=result.detail)

@@ -1,0 +1,141 @@
+"""The output folder: atomic JSON/text writes and the resumable record journal.
+
+Each finished (prompt, method) record is appended to ``journal.jsonl`` and fsync'd, so an
+interrupted benchmark loses at most the call in flight. ``settings.json`` pins what makes
+records comparable (models, backend, decoding knobs); a run with other settings must not
+mix its records into the same journal, so it is refused unless ``overwrite`` is set. The
+selection (datasets, limits, methods) may change: a new run only adds the missing work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nsd.errors import NSDError
+
+JOURNAL = "journal.jsonl"
+SETTINGS = "settings.json"
+OUTPUTS = ("results.json", "report.md", JOURNAL, SETTINGS)
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON: NaN becomes null and ±inf the strings "inf"/"-inf" (strict parsers
+    reject the bare NaN/Infinity tokens Python would write)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder and ``os.replace``: readers see the old
+    file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # plain open: honours the umask
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(jsonable(data), indent=2, ensure_ascii=False) + "\n")
+
+
+def record_key(record: dict) -> tuple[str, str]:
+    return record["prompt"], record["method"]
+
+
+class Journal:
+    """Finished records of one output folder, keyed by (prompt uid, method label)."""
+
+    def __init__(self, out_dir: Path, settings: dict, overwrite: bool = False) -> None:
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / JOURNAL
+        settings = json.loads(json.dumps(jsonable(settings)))
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise NSDError(f"cannot create output folder {self.out_dir}: {exc.strerror}") from exc
+        settings_path = self.out_dir / SETTINGS
+        if overwrite:
+            for name in OUTPUTS:
+                (self.out_dir / name).unlink(missing_ok=True)
+        elif settings_path.is_file():
+            try:
+                old = json.loads(settings_path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                old = None
+            if old != settings:
+                raise NSDError(f"{self.out_dir} holds a benchmark run with different settings "
+                               f"({_differences(old, settings)}); use another --out folder or "
+                               "pass --overwrite to discard it")
+        elif self.path.is_file() and self.path.stat().st_size:
+            raise NSDError(f"{self.path} exists without its {SETTINGS}; use another --out "
+                           "folder or pass --overwrite")
+        write_json_atomic(settings_path, settings)
+        self.records: dict[tuple[str, str], dict] = self._read()
+
+    def _read(self) -> dict[tuple[str, str], dict]:
+        if not self.path.is_file():
+            return {}
+        records: dict[tuple[str, str], dict] = {}
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                records[record_key(record)] = record
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if number == len(lines):  # the write in flight when a run was killed
+                    print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
+                    continue
+                raise NSDError(f"{self.path}:{number} is corrupt; pass --overwrite to start over")
+        if lines and not self.path.read_bytes().endswith(b"\n"):
+            self._rewrite(records)  # drop the partial line so appends start on a fresh one
+        return records
+
+    def _rewrite(self, records: dict[tuple[str, str], dict]) -> None:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values())
+        write_text_atomic(self.path, text)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self.records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def append(self, record: dict) -> None:
+        record = jsonable(record)
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.records[record_key(record)] = record
+
+
+def _differences(old: Any, new: dict) -> str:
+    if not isinstance(old, dict):
+        return f"unreadable {SETTINGS}"
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    shown = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:4]]
+    return "; ".join(shown) + (" ..." if len(keys) > 4 else "")

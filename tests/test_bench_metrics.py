@@ -1,0 +1,77 @@
+"""Benchmark arithmetic: τ, ratio-of-medians speedups, per-position acceptance, agreement,
+pass@k and the target log-likelihood of a completion."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mock import MockLM
+from nsd.bench import metrics
+
+
+def test_tau_is_pooled_tokens_over_passes() -> None:
+    assert metrics.tau([10, 30], [10, 10]) == pytest.approx(2.0)  # not the mean of 1.0 and 3.0
+    assert math.isnan(metrics.tau([], []))
+
+
+def test_speedup_is_ratio_of_medians() -> None:
+    ar = [10.0, 20.0, 1000.0]  # one outlier prompt barely moves the median
+    nsd = [25.0, 40.0, 30.0]
+    assert metrics.speedup(nsd, ar) == pytest.approx(30.0 / 20.0)
+    assert metrics.speedup([1.0, 3.0], [1.0, 1.0]) == pytest.approx(2.0)  # even count: middle mean
+    assert math.isnan(metrics.speedup([1.0], []))
+    assert math.isnan(metrics.speedup([1.0], [0.0]))
+
+
+def test_acceptance_by_position_pools_ragged_counts() -> None:
+    attempts = [[4, 3, 1], [2], [2, 2]]
+    accepts = [[3, 1, 0], [1], [2, 1]]
+    assert metrics.acceptance_by_position(attempts, accepts) == pytest.approx([6 / 8, 2 / 5, 0.0])
+    assert metrics.acceptance_by_position([], []) == []
+
+
+def test_deviation_per_token() -> None:
+    assert metrics.deviation_per_token([0.5, 1.5], [10, 30]) == pytest.approx(0.05)
+
+
+def test_token_agreement_and_prefix() -> None:
+    ref = [1, 2, 3, 4]
+    assert metrics.token_agreement(ref, ref) == 1.0
+    assert metrics.token_agreement([1, 9, 3, 4], ref) == pytest.approx(0.75)
+    assert metrics.token_agreement([1, 2], ref) == pytest.approx(0.5)  # stopping early disagrees
+    assert metrics.token_agreement([1, 2, 3, 4, 5, 6], ref) == pytest.approx(4 / 6)
+    assert metrics.common_prefix_fraction([1, 2, 9, 4], ref) == pytest.approx(0.5)
+    assert metrics.common_prefix_fraction(ref + [7], ref) == 1.0
+    assert metrics.exact_match("a b", "a b") and not metrics.exact_match("a", "a b")
+
+
+def test_pass_at_k() -> None:
+    assert metrics.pass_at_k(1, 1, 1) == 1.0
+    assert metrics.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert metrics.pass_at_k(5, 0, 2) == 0.0
+    assert metrics.pass_at_k(5, 4, 2) == 1.0
+    assert metrics.pass_at_k(4, 2, 2) == pytest.approx(1 - (2 * 1) / (4 * 3))
+    assert metrics.pass_at_1([True, False, None, True]) == pytest.approx(2 / 3)
+    assert math.isnan(metrics.pass_at_1([None]))
+
+
+def test_accepted_length_histogram() -> None:
+    assert metrics.accepted_length_histogram([[0, 2, 2], [4], []]) == [1, 0, 2, 0, 1]
+
+
+def test_mean_log_likelihood_matches_step_by_step() -> None:
+    lm = MockLM(vocab_size=12, seed=3)
+    prompt, completion = [1, 2, 3], [4, 5, 6, 7]
+    expected = []
+    context = list(prompt)
+    for tok in completion:
+        logp = torch.log_softmax(lm.logits_after(context), dim=-1)
+        expected.append(float(logp[tok]))
+        context.append(tok)
+    got = metrics.mean_log_likelihood(lm, prompt, completion)
+    assert got == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    assert lm.num_cached == 0  # leaves the cache empty for the next generation
+    assert math.isnan(metrics.mean_log_likelihood(lm, prompt, []))

@@ -1,0 +1,228 @@
+"""The benchmark loop on mock models: the grid, the journal and resuming, settings checks,
+atomic outputs, the report and the plots, and the ``nsd bench`` command itself."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mock import MockLM
+from nsd.api import Engine, GenerationConfig
+from nsd.bench import cli as bench_cli
+from nsd.bench.datasets import BenchPrompt
+from nsd.bench.methods import expand_methods
+from nsd.bench.plots import write_plots
+from nsd.bench.report import write_report
+from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
+from nsd.bench.store import Journal, jsonable, write_json_atomic
+from nsd.cli import main
+from nsd.errors import NSDError
+from nsd.proposers.ngram import NgramConfig
+
+VOCAB = 16
+
+
+class LetterTokenizer:
+    """Token i <-> letter 'a' + i; enough of a Hugging Face tokenizer for the engine."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % VOCAB for c in text if not c.isspace()]
+
+    def decode(self, tokens, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + int(t)) for t in tokens)
+
+
+def fake_engine() -> Engine:
+    """A real :class:`Engine` whose models are mock LMs (no weights loaded)."""
+    engine = Engine.__new__(Engine)
+    engine.target = MockLM(vocab_size=VOCAB, seed=0)
+    draft = MockLM(vocab_size=VOCAB, seed=0, sharpness=1.5)
+    draft.table += torch.randn(draft.table.shape, generator=torch.Generator().manual_seed(1))
+    engine.draft = draft
+    engine.tokenizer = LetterTokenizer()
+    engine.proposer_kind = "draft"
+    engine.ngram = NgramConfig()
+    engine.eos_token_ids = ()
+    engine.calls = 0
+    generate = engine.generate
+
+    def counting_generate(prompt, config=GenerationConfig(), chat=False):
+        engine.calls += 1
+        return generate(prompt, config, chat)
+
+    engine.generate = counting_generate
+    return engine
+
+
+PROMPTS = [BenchPrompt(uid=f"toy:{i}", dataset="toy", category="even" if i % 2 == 0 else "odd",
+                       text=text, chat=False) for i, text in enumerate(["abcab", "hello there", "xyzxyz"])]
+METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.9], [1.0],
+                         ["draft", "ngram"])
+CONFIG = RunConfig(methods=METHODS, generation=GenerationConfig(max_new_tokens=12), warmup=False)
+SETTINGS = {"target": "mock", "generation": {"max_new_tokens": 12}}
+
+
+def test_method_grid_labels() -> None:
+    labels = [m.label for m in METHODS]
+    assert labels == ["ar", "sd/draft", "sd/ngram", "nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.5/ngram",
+                      "nsd@0.9/ngram", "nsd-budget@B1/draft", "nsd-budget@B1/ngram",
+                      "typical/draft", "typical/ngram"]
+    budget = METHODS[labels.index("nsd-budget@B1/draft")]
+    assert budget.theta == 0.9 and budget.sd_baseline == "sd/draft" and budget.ar_baseline == "ar"
+    with pytest.raises(NSDError, match="unknown method"):
+        expand_methods(["fast"], [0.9], [], ["draft"])
+    with pytest.raises(NSDError, match="nsd-budget needs --budget"):
+        expand_methods(["nsd-budget"], [0.9], [], ["draft"])
+    with pytest.raises(NSDError, match="theta must be in"):
+        expand_methods(["nsd"], [1.5], [], ["draft"])
+
+
+def test_run_grid_and_resume(tmp_path: Path) -> None:
+    engine = fake_engine()
+    records = BenchRunner(engine, CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    assert len(records) == len(PROMPTS) * len(METHODS) == engine.calls
+    by = {(r["prompt"], r["method"]): r for r in records}
+    # Greedy exact SD reproduces AR exactly; relaxed methods carry their fidelity cost.
+    for p in PROMPTS:
+        ar = by[(p.uid, "ar")]
+        assert ar["stats"]["tau"] == 1.0 and ar["stats"]["new_tokens"] == 12
+        assert by[(p.uid, "sd/draft")]["token_ids"] == ar["token_ids"]
+        assert by[(p.uid, "sd/ngram")]["token_ids"] == ar["token_ids"]
+        assert by[(p.uid, "nsd-budget@B1/draft")]["stats"]["deviation"] <= 1.0 + 1e-9
+        assert by[(p.uid, "nsd@0.9/draft")]["proposer"] == "draft"
+        assert isinstance(ar["loglik"], float) and ar["load"]["other_cpu"] >= 0.0
+    assert len((tmp_path / "journal.jsonl").read_text().splitlines()) == len(records)
+
+    # A second run into the same folder finds everything done and generates nothing.
+    again = fake_engine()
+    resumed = BenchRunner(again, CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    assert again.calls == 0 and resumed == records
+
+
+def test_resume_skips_only_journaled_records(tmp_path: Path) -> None:
+    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=6), warmup=False)
+    journal = Journal(tmp_path, SETTINGS)
+    BenchRunner(fake_engine(), config, journal, progress=False).run(PROMPTS[:1])
+    # Simulate a crash mid-write: a torn last line is dropped, not fatal.
+    with open(tmp_path / "journal.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"prompt": "toy:1", "meth')
+    engine = fake_engine()
+    records = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    assert engine.calls == (len(PROMPTS) - 1) * 3
+    assert len(records) == len(PROMPTS) * 3
+    lines = (tmp_path / "journal.jsonl").read_text().splitlines()
+    assert len(lines) == len(records) and all(json.loads(line) for line in lines)
+
+
+def test_different_settings_are_refused_unless_overwrite(tmp_path: Path) -> None:
+    config = RunConfig(methods=METHODS[:1], generation=GenerationConfig(max_new_tokens=4), warmup=False)
+    BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
+    other = {**SETTINGS, "target": "another-model"}
+    with pytest.raises(NSDError, match=r"different settings \(target: 'mock' -> 'another-model'\).*--overwrite"):
+        Journal(tmp_path, other)
+    journal = Journal(tmp_path, other, overwrite=True)
+    assert len(journal) == 0 and not (tmp_path / "journal.jsonl").exists()
+
+
+def test_warmup_is_not_recorded(tmp_path: Path) -> None:
+    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=4), warmup=True)
+    engine = fake_engine()
+    records = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
+    assert len(records) == 3 and engine.calls == 3 + 3  # ar, sd/draft, sd/ngram paths warmed
+
+
+def test_draft_proposer_needs_a_draft(tmp_path: Path) -> None:
+    engine = fake_engine()
+    engine.draft = None
+    config = RunConfig(methods=METHODS[1:2], generation=GenerationConfig(max_new_tokens=4), warmup=False)
+    with pytest.raises(NSDError, match="draft proposer needs a draft model"):
+        BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
+
+
+def test_atomic_json_and_jsonable(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    write_json_atomic(path, {"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": (1, 2)})
+    assert json.loads(path.read_text()) == {"a": None, "b": ["inf", "-inf", 1.5], "c": [1, 2]}
+    write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temp file left behind
+    assert jsonable({"x": {"y": math.nan}}) == {"x": {"y": None}}
+
+
+def test_report_and_plots(tmp_path: Path) -> None:
+    records = BenchRunner(fake_engine(), CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 12, "temperature": 0.0, "k": 4}}
+    summary, text = write_report(tmp_path, records, METHODS, settings, max_other_cpu=0.25)
+    rows = {r["method"]: r for r in summary}
+    assert rows["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert rows["sd/draft"]["agreement"] == 1.0 and rows["sd/draft"]["exact_match"] == 1.0
+    assert rows["sd/draft"]["deviation_per_token"] == 0.0
+    assert rows["nsd@0.9/draft"]["tau"] >= 1.0
+    assert rows["sd/draft"]["acceptance_by_position"]
+    assert math.isnan(rows["ar"]["speedup_vs_sd"])
+    assert "| nsd@0.9/draft |" in text and "## By category" in text and "toy/even" in text
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results["records"]) == len(records) and results["environment"]["cpu_count"]
+    assert (tmp_path / "report.md").read_text() == text
+    made = write_plots(summary, tmp_path)
+    assert {p.name for p in made} == {"speedup_vs_theta.png", "quality_vs_speedup.png",
+                                      "accepted_length.png"}
+    for p in made:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "prompt": p.text}) + "\n" for i, p in enumerate(PROMPTS)))
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: fake_engine())
+    out = tmp_path / "out"
+    argv = ["bench", "--dataset", str(data), "--limit", "2", "--no-chat", "--methods", "ar,sd,nsd",
+            "--theta", "0.5,0.9", "--proposers", "draft,ngram", "--max-new-tokens", "8",
+            "--out", str(out), "--no-progress", "--no-warmup"]
+    assert main(argv) == 0
+    report = capsys.readouterr().out
+    assert "| nsd@0.5/ngram |" in report
+    assert {"results.json", "report.md", "journal.jsonl", "settings.json"} <= {p.name for p in out.iterdir()}
+    assert len(json.loads((out / "results.json").read_text())["records"]) == 2 * 7
+    # Everything journaled: the report is rebuilt without loading a model.
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: pytest.fail("loaded a model"))
+    assert main(argv) == 0
+    assert capsys.readouterr().out == report
+    # Changed decoding settings into the same folder: a clear error, exit status 2.
+    assert main(argv + ["--temperature", "0.7"]) == 2
+    assert "different settings" in capsys.readouterr().err
+    assert main(argv + ["--methods", "ar,fast"]) == 2
+    assert "unknown method 'fast'" in capsys.readouterr().err
+    assert main(argv + ["--target", "custom.gguf"]) == 2  # a custom target brings no draft
+    assert "need a draft model" in capsys.readouterr().err
+
+
+def test_visible_tokens_drop_the_overshoot_past_a_stop() -> None:
+    tok = LetterTokenizer()
+    tokens = [0, 1, 2, 3, 4]  # "abcde"
+    assert visible_tokens(tok, tokens, "abc") == [0, 1, 2]
+    assert visible_tokens(tok, tokens, "abcde") == tokens
+    assert visible_tokens(tok, tokens, "") == []
+
+
+def test_stop_strings_compare_the_visible_output(tmp_path: Path) -> None:
+    engine = fake_engine()
+    prompt = BenchPrompt(uid="toy:stop", dataset="toy", category="toy", text="abc", chat=False)
+    full = engine.generate(engine.encode(prompt.text), GenerationConfig(method="ar", max_new_tokens=16)).text
+    stop = full[6:8]
+    config = RunConfig(methods=expand_methods(["ar", "sd"], [], [], ["draft"]), warmup=False,
+                       generation=GenerationConfig(max_new_tokens=16, stop=(stop,)))
+    ar, sd = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run([prompt])
+    assert ar["stats"]["stop_reason"] == sd["stats"]["stop_reason"] == "stop"
+    assert ar["text"] == sd["text"] == full[:full.find(stop)]
+    assert ar["output_ids"] == sd["output_ids"]
+    assert len(sd["output_ids"]) <= len(sd["token_ids"])
+    assert sd["tokens_per_s"] == pytest.approx(len(sd["output_ids"]) / sd["stats"]["wall_s"])
