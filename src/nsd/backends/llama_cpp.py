@@ -1,0 +1,338 @@
+"""A :class:`~nsd.backends.base.ModelBackend` over llama.cpp (via llama-cpp-python).
+
+Only llama.cpp's C API is used (through llama-cpp-python's ctypes bindings), not its
+high-level ``Llama`` class: that class keeps its own token/score buffers and would copy
+every logits row through Python. Here one :meth:`LlamaCppBackend.forward` of ``n`` tokens
+is exactly one ``llama_decode`` call, and its logits leave llama.cpp's output buffer in
+a single ``memcpy``-like copy into a torch tensor.
+
+The KV cache holds a single sequence (id 0); :meth:`rewind` drops positions with
+``llama_memory_seq_rm``, which gives logits identical to a fresh context fed the same
+tokens in the same batches. Note that a *different* batching of the same tokens (one
+call of 8 versus 8 calls of 1) is not bit-identical in llama.cpp: the matrix kernels
+accumulate in a different order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from nsd.errors import NSDError
+
+_INSTALL_HINT = (
+    "the llama.cpp backend needs llama-cpp-python, built for this CPU; run "
+    "scripts/install.sh from the project root (it builds and installs it once)"
+)
+
+# The sequence id of our single sequence in llama.cpp's KV cache.
+_SEQ = 0
+
+
+# ggml log levels (ggml.h): only errors are worth showing a user.
+_GGML_LOG_ERROR = 3
+_GGML_LOG_CONT = 5
+
+
+class _LlamaLog:
+    """llama.cpp's log sink.
+
+    llama.cpp logs hundreds of lines per model load. We show only errors, on stderr, and
+    while a model loads we hold even those back: a Qwen2.5 GGUF logs a harmless
+    "control-looking token" *error* every time. If the load fails, the held lines go into
+    the NSDError message instead.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[str] | None = None
+        self._last_level = 0
+
+    def __call__(self, level: int, text: bytes, _user_data: object) -> None:
+        if level != _GGML_LOG_CONT:
+            self._last_level = level
+        if self._last_level != _GGML_LOG_ERROR:
+            return
+        line = text.decode("utf-8", errors="replace")
+        if self.held is not None:
+            self.held.append(line)
+        else:
+            sys.stderr.write(line)
+
+
+_log = _LlamaLog()
+_log_callback: Any = None  # the ctypes wrapper; must stay referenced while installed
+
+
+def _import_llama_cpp() -> ModuleType:
+    """Import llama_cpp lazily (the rest of nsd works without it) and quiet its log."""
+    global _log_callback
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise NSDError(f"cannot import llama_cpp ({exc}); {_INSTALL_HINT}") from exc
+    if _log_callback is None:
+        _log_callback = llama_cpp.llama_log_callback(_log)
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    return llama_cpp
+
+
+class LlamaCppBackend:
+    """One GGUF model with a rewindable KV cache, batch size 1, on the CPU.
+
+    Args:
+        gguf_path: the model file.
+        n_threads: CPU threads for every decode (default: all cores ``os.cpu_count()``).
+        n_ctx: KV cache capacity in tokens; a forward that would exceed it raises
+            :class:`NSDError`.
+        seed: accepted for parity with the other backends; the backend only returns
+            logits (sampling happens outside), so nothing here is random.
+        use_extra_bufts: let llama.cpp repack weights into CPU-specific layouts (its
+            default). On a 2-core AVX-512 machine this made the Q4_K_M 1.5B model ~20%
+            faster per step and changed nothing for Q5_0/Q8_0 weights. Builds with ggml's
+            AMX kernels crash in the first decode with it on; ``scripts/install.sh``
+            builds without them, so turn this off only for such a build. Logits differ
+            slightly (~0.3 max) between the two settings, so keep it fixed within a run.
+        flash_attn: use llama.cpp's flash-attention kernels (``None``: llama.cpp decides).
+    """
+
+    def __init__(
+        self,
+        gguf_path: str | os.PathLike[str],
+        n_threads: int | None = None,
+        n_ctx: int = 4096,
+        seed: int = 0,
+        *,
+        use_extra_bufts: bool = True,
+        flash_attn: bool | None = None,
+    ) -> None:
+        path = Path(gguf_path)
+        if not path.is_file():
+            raise NSDError(f"GGUF model file not found: {path}")
+        if n_ctx < 1:
+            raise NSDError(f"n_ctx must be positive, got {n_ctx}")
+        threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        if threads < 1:
+            raise NSDError(f"n_threads must be positive, got {n_threads}")
+        self._lib = lib = _import_llama_cpp()
+        self.seed = seed
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        lib.llama_backend_init()
+
+        mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = use_extra_bufts
+        mparams.n_gpu_layers = 0
+        _log.held = []
+        try:
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        finally:
+            held, _log.held = _log.held, None
+        if not self._model:
+            detail = "".join(held).strip() or "not a valid GGUF model?"
+            raise NSDError(f"llama.cpp could not load {path}: {detail}")
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        # n_batch bounds the tokens of one llama_decode call; letting it equal n_ctx means
+        # any forward that fits the cache is a single call. Compute buffers scale with
+        # n_ubatch (left at its default), not with n_batch.
+        cparams.n_batch = n_ctx
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        if flash_attn is not None:
+            cparams.flash_attn_type = (
+                lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flash_attn
+                else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise NSDError(f"llama.cpp could not create a context of {n_ctx} tokens")
+
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        # llama.cpp may round the context size; the cache holds what it reports.
+        self._n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self._n_threads = threads
+        self._num_cached = 0
+        self._eog_ids: tuple[int, ...] | None = None
+        self._batch_cap = 0
+        self._ensure_batch(64)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the logits' last dimension (llama.cpp's ``n_vocab``)."""
+        return self._n_vocab
+
+    @property
+    def num_cached(self) -> int:
+        """Number of token positions currently held in the KV cache."""
+        return self._num_cached
+
+    @property
+    def n_ctx(self) -> int:
+        """KV cache capacity in tokens."""
+        return self._n_ctx
+
+    @property
+    def n_threads(self) -> int:
+        """CPU threads used by every decode."""
+        return self._n_threads
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence token the GGUF declares (``tokenizer.ggml.eos_token_id``).
+
+        This is the same id the transformers backend reports for a model converted from
+        the same file, so both backends stop at the same place. llama.cpp's wider
+        end-of-generation set is :attr:`eog_token_ids`.
+        """
+        eos = int(self._lib.llama_vocab_eos(self._vocab))
+        return (eos,) if 0 <= eos < self._n_vocab else ()
+
+    @property
+    def eog_token_ids(self) -> tuple[int, ...]:
+        """Every token llama.cpp treats as end of generation for this vocabulary.
+
+        Besides EOS/EOT this includes special tokens it recognises by name (for
+        Qwen2.5: ``<|endoftext|>``, ``<|im_end|>``, the FIM/repo separators, ``</s>``).
+        """
+        if self._eog_ids is None:
+            lib, vocab = self._lib, self._vocab
+            # One ctypes call per token (~0.05 s for 150k tokens), so computed once, lazily.
+            self._eog_ids = tuple(t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(vocab, t))
+        return self._eog_ids
+
+    # ----------------------------------------------------------------- the protocol
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
+        """Append ``tokens`` to the cache in one ``llama_decode`` and return logits.
+
+        Returns float32 ``[len(tokens), vocab_size]`` (row ``i`` follows ``tokens[i]``),
+        or only the last row ``[1, vocab_size]`` when ``all_logits`` is false — cheaper,
+        since llama.cpp then computes the output projection for one position only.
+        """
+        if self._ctx is None:
+            raise RuntimeError("forward on a closed LlamaCppBackend")
+        ids = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        n = int(ids.shape[0])
+        if n == 0:
+            if not all_logits:
+                raise ValueError("forward(all_logits=False) needs at least one token")
+            return torch.empty((0, self._n_vocab), dtype=torch.float32)
+        if self._num_cached + n > self._n_ctx:
+            raise NSDError(
+                f"context full: {self._num_cached} cached + {n} new tokens exceeds the "
+                f"model context of {self._n_ctx} tokens (use a shorter prompt or fewer "
+                f"new tokens, or a larger n_ctx)"
+            )
+        if int(ids.min()) < 0 or int(ids.max()) >= self._n_vocab:
+            bad = int(ids[(ids < 0) | (ids >= self._n_vocab)][0])
+            raise ValueError(f"token id {bad} outside the vocabulary [0, {self._n_vocab})")
+
+        self._ensure_batch(n)
+        batch = self._batch
+        batch.n_tokens = n
+        self._tok_view[:n] = ids
+        self._pos_view[:n] = np.arange(self._num_cached, self._num_cached + n, dtype=np.int32)
+        self._out_view[:n] = 1 if all_logits else 0
+        self._out_view[n - 1] = 1
+
+        ret = self._lib.llama_decode(self._ctx, batch)
+        if ret != 0:
+            # On failure llama.cpp may keep part of the batch; restore our invariant.
+            self._lib.llama_memory_seq_rm(self._memory, _SEQ, self._num_cached, -1)
+            raise RuntimeError(f"llama_decode failed with status {ret} on {n} tokens")
+        self._num_cached += n
+
+        rows = n if all_logits else 1
+        # Outputs are stored contiguously in batch order: [n_outputs, n_vocab].
+        ptr = self._lib.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+        out = torch.empty((rows, self._n_vocab), dtype=torch.float32)
+        np.copyto(out.numpy(), view)
+        return out
+
+    def rewind(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` cached positions, drop the rest."""
+        if not 0 <= num_tokens <= self._num_cached:
+            raise ValueError(
+                f"cannot rewind to {num_tokens} tokens: the cache holds {self._num_cached}"
+            )
+        if num_tokens == self._num_cached:
+            return
+        if not self._lib.llama_memory_seq_rm(self._memory, _SEQ, num_tokens, -1):
+            # Only recurrent/hybrid models refuse a partial removal.
+            raise NSDError("this model's cache cannot be rewound (recurrent model?)")
+        self._num_cached = num_tokens
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self._lib.llama_memory_clear(self._memory, True)
+        self._num_cached = 0
+
+    # ----------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Free llama.cpp's batch, context and model (also done on garbage collection)."""
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> LlamaCppBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _ensure_batch(self, n: int) -> None:
+        """Have a reusable llama_batch with room for ``n`` tokens.
+
+        The batch is allocated by llama.cpp and filled through numpy views on its
+        arrays, so a forward costs no per-token Python work.
+        """
+        if n <= self._batch_cap:
+            return
+        lib = self._lib
+        cap = max(n, 2 * self._batch_cap)
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        batch = lib.llama_batch_init(cap, 0, 1)
+        self._batch = batch
+        self._batch_cap = cap
+        self._tok_view = np.ctypeslib.as_array(batch.token, shape=(cap,))
+        self._pos_view = np.ctypeslib.as_array(batch.pos, shape=(cap,))
+        self._out_view = np.ctypeslib.as_array(batch.logits, shape=(cap,))
+        # Every token belongs to sequence 0 only; these never change.
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(cap,))[:] = 1
+        for i in range(cap):
+            batch.seq_id[i][0] = _SEQ

@@ -1,0 +1,162 @@
+"""The llama.cpp backend against the ModelBackend contract, on SmolLM2-135M.
+
+Needs llama-cpp-python (``scripts/install.sh``) and the registry model
+``smollm2-135m-instruct`` (fetched into the cache on first use). Set
+``NSD_LLAMA_TEST_GGUF`` to a .gguf file to run on another model instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from nsd.backends.base import ModelBackend
+from nsd.errors import NSDError
+
+pytestmark = pytest.mark.llama
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from nsd.backends.llama_cpp import LlamaCppBackend  # noqa: E402
+
+N_CTX = 512
+# Token ids well inside SmolLM2's 49,152-token vocabulary (ordinary text tokens).
+PROMPT = [(i * 7919) % 40000 + 100 for i in range(60)]
+DRAFT = [(i * 104729) % 40000 + 100 for i in range(8)]
+OTHER = [(i * 1299709) % 40000 + 100 for i in range(5)]
+ATOL = 1e-4
+
+
+def _model_path() -> Path:
+    override = os.environ.get("NSD_LLAMA_TEST_GGUF")
+    if override:
+        return Path(override)
+    try:
+        from nsd.models import fetch_gguf
+    except ImportError:
+        pytest.skip("nsd.models is not available")
+    try:
+        return fetch_gguf("smollm2-135m-instruct", progress=False)
+    except NSDError as exc:
+        pytest.skip(f"test model unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    path = _model_path()
+    if not path.is_file():
+        pytest.skip(f"test model unavailable: {path}")
+    return path
+
+
+@pytest.fixture(params=[True, False], ids=["repack", "no-repack"])
+def make(request: pytest.FixtureRequest, gguf: Path) -> Callable[[], LlamaCppBackend]:
+    """Backend factory; every test runs with and without llama.cpp's weight repacking."""
+    return lambda: LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX, use_extra_bufts=request.param)
+
+
+@pytest.fixture()
+def backend(make: Callable[[], LlamaCppBackend]) -> Iterator[LlamaCppBackend]:
+    with make() as b:
+        yield b
+
+
+def test_implements_protocol(backend: LlamaCppBackend) -> None:
+    assert isinstance(backend, ModelBackend)
+    assert backend.vocab_size > max(PROMPT + DRAFT + OTHER)
+    assert backend.n_ctx >= N_CTX
+    assert len(backend.eos_token_ids) == 1  # SmolLM2: <|im_end|> (2), as the GGUF declares
+    assert set(backend.eos_token_ids) <= set(backend.eog_token_ids)
+
+
+def test_forward_shapes_and_bookkeeping(backend: LlamaCppBackend) -> None:
+    logits = backend.forward(PROMPT)  # [len(PROMPT), V]
+    assert logits.shape == (len(PROMPT), backend.vocab_size)
+    assert logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+    assert backend.num_cached == len(PROMPT)
+    backend.forward(DRAFT)
+    assert backend.num_cached == len(PROMPT) + len(DRAFT)
+    backend.rewind(len(PROMPT) + 3)
+    assert backend.num_cached == len(PROMPT) + 3
+    backend.rewind(len(PROMPT) + 3)  # no-op
+    assert backend.num_cached == len(PROMPT) + 3
+    with pytest.raises(ValueError):
+        backend.rewind(len(PROMPT) + 4)
+    assert backend.forward([]).shape == (0, backend.vocab_size)
+    backend.reset()
+    assert backend.num_cached == 0
+
+
+def test_rewind_then_refeed_equals_fresh_cache(
+    make: Callable[[], LlamaCppBackend], backend: LlamaCppBackend
+) -> None:
+    """Rejected drafts leave no trace: same logits as a cache that never saw them."""
+    backend.forward(PROMPT)
+    backend.forward(DRAFT)
+    backend.rewind(len(PROMPT))
+    after_rewind = backend.forward(OTHER)  # [5, V]
+
+    with make() as fresh:
+        fresh.forward(PROMPT)
+        expected = fresh.forward(OTHER)
+    torch.testing.assert_close(after_rewind, expected, atol=ATOL, rtol=0)
+
+
+def test_rewind_mid_batch_leaves_no_trace(
+    make: Callable[[], LlamaCppBackend], backend: LlamaCppBackend
+) -> None:
+    """Keep 3 of 8 verified drafts, then continue: as if the rejected ones never were.
+
+    The reference makes the same calls minus the detours, so every kept position was
+    computed in a batch of the same shape (llama.cpp's logits depend on batch shape).
+    """
+    backend.forward(PROMPT)
+    backend.forward(OTHER)  # a detour, rejected entirely
+    backend.rewind(len(PROMPT))
+    first = backend.forward(DRAFT)
+    backend.rewind(len(PROMPT))
+    torch.testing.assert_close(backend.forward(DRAFT), first, atol=ATOL, rtol=0)
+    backend.rewind(len(PROMPT) + 3)
+    after = backend.forward(OTHER)  # [5, V]
+
+    with make() as fresh:
+        fresh.forward(PROMPT)
+        torch.testing.assert_close(fresh.forward(DRAFT), first, atol=ATOL, rtol=0)
+        fresh.rewind(len(PROMPT) + 3)
+        expected = fresh.forward(OTHER)
+    torch.testing.assert_close(after, expected, atol=ATOL, rtol=0)
+
+
+def test_last_row_only_matches_all_rows(
+    make: Callable[[], LlamaCppBackend], backend: LlamaCppBackend
+) -> None:
+    every_row = backend.forward(PROMPT)  # [len(PROMPT), V]
+    with make() as other:
+        last_only = other.forward(PROMPT, all_logits=False)  # [1, V]
+        assert other.num_cached == len(PROMPT)
+    assert last_only.shape == (1, backend.vocab_size)
+    torch.testing.assert_close(last_only[0], every_row[-1], atol=ATOL, rtol=0)
+
+
+def test_context_overflow_raises_and_keeps_cache(backend: LlamaCppBackend) -> None:
+    backend.forward(PROMPT)
+    before = backend.forward(DRAFT)
+    too_many = [PROMPT[0]] * (backend.n_ctx - backend.num_cached + 1)
+    with pytest.raises(NSDError, match="context"):
+        backend.forward(too_many)
+    assert backend.num_cached == len(PROMPT) + len(DRAFT)
+    backend.rewind(len(PROMPT))
+    torch.testing.assert_close(backend.forward(DRAFT), before, atol=ATOL, rtol=0)
+
+
+def test_rejects_bad_input(gguf: Path, backend: LlamaCppBackend) -> None:
+    with pytest.raises(ValueError):
+        backend.forward([backend.vocab_size])
+    assert backend.num_cached == 0
+    with pytest.raises(NSDError, match="not found"):
+        LlamaCppBackend(gguf.with_name("missing.gguf"))
