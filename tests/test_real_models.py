@@ -99,3 +99,11 @@ def test_seeded_sampling_is_reproducible(llama_engine: Engine) -> None:
     a = llama_engine.generate(PROMPTS[0], cfg)
     b = llama_engine.generate(PROMPTS[0], cfg)
     assert a.token_ids == b.token_ids and a.stats.deviation == b.stats.deviation
+
+
+def test_mismatched_vocabulary_is_refused_with_exit_2(capsys) -> None:
+    from nsd.cli import main
+
+    code = main(["generate", "--target", TARGET, "--draft", "smollm2-135m-instruct", "--prompt", "x"])
+    assert code == 2
+    assert "different tokenizers" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import Generator, Sequence
 
 from nsd.backends.base import ModelBackend
 from nsd.decode import DecodeConfig, DecodeStats, decode
+from nsd.draft_vocab import VocabMap, ensure_reduced_draft
 from nsd.errors import NSDError
 from nsd.models import ensure_hf_folder, ensure_tokenizer_folder, resolve_model
 from nsd.proposers.base import Proposer
@@ -96,12 +97,17 @@ def llama_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load_backend(model: str, options: BackendOptions) -> tuple[ModelBackend, str]:
-    """Load one model; returns the backend and the folder its tokenizer loads from."""
+def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None
+                 ) -> tuple[ModelBackend, str, VocabMap | None]:
+    """Load one model; returns the backend, the folder its tokenizer loads from, and the
+    id map when ``reduced_vocab`` asks for a reduced-vocabulary copy (drafts only)."""
     resolved = resolve_model(model)
     backend = options.backend
     if backend == "auto":
         backend = "llama" if resolved.gguf_path is not None and llama_available() else "hf"
+    if reduced_vocab is not None and backend != "llama":
+        raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
+                       "llama.cpp backend")
     if backend == "llama":
         if resolved.gguf_path is None:
             raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
@@ -109,12 +115,15 @@ def load_backend(model: str, options: BackendOptions) -> tuple[ModelBackend, str
         from nsd.backends.llama_cpp import LlamaCppBackend
 
         tokenizer_dir = ensure_tokenizer_folder(model)
-        return LlamaCppBackend(resolved.gguf_path, n_threads=options.threads, n_ctx=options.n_ctx), \
-            str(tokenizer_dir)
+        path, vocab_map = resolved.gguf_path, None
+        if reduced_vocab is not None:
+            path, vocab_map = ensure_reduced_draft(resolved.gguf_path, reduced_vocab)
+        return LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx), \
+            str(tokenizer_dir), vocab_map
     from nsd.backends.hf import HFBackend
 
     hf_dir = resolved.hf_dir or ensure_hf_folder(model)
-    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads), str(hf_dir)
+    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads), str(hf_dir), None
 
 
 def _load_tokenizer(folder: str):
@@ -127,7 +136,8 @@ class Engine:
     """A target model, optionally a draft model, and their shared tokenizer."""
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
-                 options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig()) -> None:
+                 options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
+                 draft_vocab: int | None = None) -> None:
         proposer = proposer or ("draft" if draft else "ngram")
         if proposer not in ("draft", "ngram"):
             raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
@@ -135,13 +145,14 @@ class Engine:
             raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
-        self.target, tok_dir = load_backend(target, options)
+        self.target, tok_dir, _ = load_backend(target, options)
         self.tokenizer = _load_tokenizer(tok_dir)
         self.draft: ModelBackend | None = None
+        self.draft_vocab_map: VocabMap | None = None
         if proposer == "draft":
-            self.draft, draft_tok_dir = load_backend(draft, options)
+            self.draft, draft_tok_dir, self.draft_vocab_map = load_backend(draft, options, draft_vocab)
             _check_same_tokenizer(self.tokenizer, _load_tokenizer(draft_tok_dir), target, draft)
-            if self.draft.vocab_size != self.target.vocab_size:
+            if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
                 raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
                                f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
         self.eos_token_ids = self._eos_ids()
@@ -170,7 +181,8 @@ class Engine:
             return None
         if self.proposer_kind == "ngram":
             return NgramProposer(self.ngram)
-        return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size)
+        return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
+                                  self.draft_vocab_map)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:

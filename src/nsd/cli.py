@@ -32,6 +32,9 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
                    help="model engine: llama.cpp for GGUF (auto when installed) or transformers")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weights dtype for the transformers backend")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="draft over a reduced vocabulary: the N most frequent tokens plus the "
+                        "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length for llama.cpp")
 
@@ -80,7 +83,8 @@ def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
     options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
                              n_ctx=args.n_ctx)
     proposer = args.proposer if needs_proposer else ("draft" if args.draft else "ngram")
-    return Engine(args.target, draft=args.draft, proposer=proposer, options=options)
+    return Engine(args.target, draft=args.draft, proposer=proposer, options=options,
+                  draft_vocab=args.draft_vocab)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

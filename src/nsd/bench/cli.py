@@ -109,6 +109,7 @@ def _settings(args: argparse.Namespace, base) -> dict:
     generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
     return {"target": args.target, "draft": args.draft,
             "backend": args.backend, "dtype": args.dtype, "threads": args.threads, "n_ctx": args.n_ctx,
+            "draft_vocab": args.draft_vocab,
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
             "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
             "loglik": args.loglik, "execute": args.execute, "exec_timeout_s": args.exec_timeout}
@@ -188,4 +189,5 @@ def _engine(args: argparse.Namespace, draft: bool):
     options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
                              n_ctx=args.n_ctx)
     return Engine(args.target, draft=args.draft if draft else None,
-                  proposer="draft" if draft else "ngram", options=options)
+                  proposer="draft" if draft else "ngram", options=options,
+                  draft_vocab=args.draft_vocab if draft else None)

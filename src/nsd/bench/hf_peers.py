@@ -70,7 +70,12 @@ class HFPeers:
             raise NSDError(f"unknown transformers peer {family!r}")
         stops = [s for s in config.stop if s]
         if stops:
-            kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+            # A custom criterion rather than `stop_strings=`: transformers copies
+            # stop_strings into the assistant's generate call without the tokenizer and fails.
+            from transformers import StoppingCriteriaList
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [_StopOnStrings(self.tokenizer, stops, len(prompt_ids))])
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         pad = self.tokenizer.pad_token_id
         self._target.reset()
@@ -94,6 +99,19 @@ class HFPeers:
                             prefill_s=math.nan, wall_s=wall, target_s=self._target.seconds,
                             propose_s=self._draft.seconds if family == "hf-assisted" else math.nan)
         return tokens, text, stats
+
+
+class _StopOnStrings:
+    """Stop once any stop string appears in the generated text (batch size 1)."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_len: int) -> None:
+        self.tokenizer, self.stops, self.prompt_len = tokenizer, stops, prompt_len
+        self.tail = max(len(s) for s in stops) + 16
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        text = self.tokenizer.decode(input_ids[0, self.prompt_len:][-self.tail:])
+        hit = any(s in text for s in self.stops)
+        return torch.full((input_ids.shape[0],), hit, dtype=torch.bool)
 
 
 class _ForwardClock:

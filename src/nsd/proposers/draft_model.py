@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from nsd.backends.base import ModelBackend
+from nsd.draft_vocab import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal
 from nsd.sampling import SamplingConfig, logits_to_probs, sample_from
@@ -29,14 +30,18 @@ class DraftModelProposer:
     """
 
     def __init__(self, backend: ModelBackend, sampling: SamplingConfig,
-                 target_vocab_size: int | None = None) -> None:
-        if target_vocab_size is not None and backend.vocab_size != target_vocab_size:
+                 target_vocab_size: int | None = None, vocab_map: VocabMap | None = None) -> None:
+        if vocab_map is not None:
+            if backend.vocab_size != len(vocab_map.draft_to_target):
+                raise NSDError("the reduced draft's logits do not match its vocabulary map")
+        elif target_vocab_size is not None and backend.vocab_size != target_vocab_size:
             raise NSDError(
                 f"draft and target vocabularies differ ({backend.vocab_size} vs {target_vocab_size} "
                 "logits): the draft must share the target's tokenizer")
         self.backend = backend
         self.sampling = sampling
-        self._fed: list[int] = []  # tokens whose KV entries the draft cache holds
+        self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
+        self._fed: list[int] = []  # target-vocabulary tokens whose KV the draft cache holds
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
         if k <= 0:
@@ -45,20 +50,24 @@ class DraftModelProposer:
         # At least the last context token is (re)fed, because we need its logits.
         keep = min(common_prefix_length(self._fed, context), len(context) - 1)
         self.backend.rewind(keep)
-        logits = self.backend.forward(context[keep:], all_logits=False)[-1]  # [V]
+        logits = self.backend.forward(self._draft_ids(context[keep:]), all_logits=False)[-1]  # [Vd]
+        vmap = self.vocab_map
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         greedy = self.sampling.greedy
         for i in range(k):
             if greedy:
-                token = int(logits.argmax())
+                draft_id = int(logits.argmax())
             else:
-                probs = logits_to_probs(logits, self.sampling)  # [V]
-                token = int(sample_from(probs.unsqueeze(0), torch.rand(1, dtype=torch.float64,
-                                                                       generator=generator))[0])
-                rows.append(probs)
-            tokens.append(token)
+                probs = logits_to_probs(logits, self.sampling)  # [Vd]
+                draft_id = int(sample_from(probs.unsqueeze(0), torch.rand(1, dtype=torch.float64,
+                                                                          generator=generator))[0])
+                rows.append(probs if vmap is None else vmap.expand(probs))  # q on the full vocabulary
+            tokens.append(draft_id if vmap is None else int(vmap.draft_to_target[draft_id]))
             if i < k - 1:
-                logits = self.backend.forward([token])[-1]
+                logits = self.backend.forward([draft_id])[-1]
         self._fed = list(context) + tokens[:-1]
         return Proposal(torch.tensor(tokens, dtype=torch.long), None if greedy else torch.stack(rows))
+
+    def _draft_ids(self, tokens: Sequence[int]) -> list[int]:
+        return list(tokens) if self.vocab_map is None else self.vocab_map.to_draft(list(tokens))
