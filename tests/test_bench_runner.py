@@ -50,6 +50,7 @@ def fake_engine() -> Engine:
     engine.proposer_kind = "draft"
     engine.ngram = NgramConfig()
     engine.eos_token_ids = ()
+    engine.draft_vocab_map = None
     engine.calls = 0
     generate = engine.generate
 
