@@ -211,12 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("names", nargs="+")
     mod.set_defaults(func=cmd_models)
 
-    try:
-        from nsd.bench.cli import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
+    from nsd.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

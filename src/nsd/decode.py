@@ -226,6 +226,7 @@ def decode(
             stop_reason = "stop"
             break
 
+    attempts = _trim_zeros(attempts)
     return DecodeStats(
         method=method_name(config),
         prompt_tokens=len(prompt_ids),
@@ -240,8 +241,8 @@ def decode(
         wall_s=time.perf_counter() - start,
         propose_s=propose_s,
         target_s=target_s,
-        position_attempts=_trim_zeros(attempts),
-        position_accepts=accepts[:len(_trim_zeros(attempts))],
+        position_attempts=attempts,
+        position_accepts=accepts[:len(attempts)],
         accepted_per_pass=accepted_per_pass,
     )
 
