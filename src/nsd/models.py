@@ -454,15 +454,23 @@ def _save_full(gguf_path: Path, out: Path) -> None:
     _save_tokenizer(gguf_path, out)
 
 
+def _given_hf_dir(name_or_path: str | Path) -> Path | None:
+    """The argument itself when it is a Hugging Face folder (not a registry name)."""
+    if isinstance(name_or_path, str) and name_or_path in REGISTRY:
+        return None
+    path = Path(name_or_path).expanduser()
+    return path if _is_hf_dir(path) else None
+
+
 def ensure_hf_folder(name_or_path: str | Path, *, progress: bool = True) -> Path:
     """A Hugging Face folder (config, tokenizer, float32 safetensors) for a model.
 
     Accepts a registry name, a ``.gguf`` path, or an HF folder (returned as is). The GGUF
     is dequantized and converted once; later calls return the cached folder.
     """
-    if not (isinstance(name_or_path, str) and name_or_path in REGISTRY):
-        if _is_hf_dir(Path(name_or_path).expanduser()):
-            return Path(name_or_path).expanduser()
+    given = _given_hf_dir(name_or_path)
+    if given is not None:
+        return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
     target = home / "hf"
     if (target / "config.json").is_file():
@@ -483,9 +491,9 @@ def ensure_tokenizer_folder(name_or_path: str | Path, *, progress: bool = True) 
     Reuses the full HF folder when it exists; otherwise extracts only the tokenizer, which
     takes seconds rather than the minutes a full conversion does.
     """
-    if not (isinstance(name_or_path, str) and name_or_path in REGISTRY):
-        if _is_hf_dir(Path(name_or_path).expanduser()):
-            return Path(name_or_path).expanduser()
+    given = _given_hf_dir(name_or_path)
+    if given is not None:
+        return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
     if (home / "hf" / "config.json").is_file():
         return home / "hf"
