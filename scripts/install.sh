@@ -31,14 +31,19 @@ say "installing nsd (editable, with test extras)"
 "$PY" -m pip install --quiet -e "$ROOT[test]"
 
 # ---------------------------------------------------------------- llama-cpp-python
-# The default source build compiles ggml with -march=native. On CPUs with AMX (e.g. Intel
-# Sapphire Rapids) that enables ggml's AMX kernels, which segfault on every decode in
-# ggml_backend_amx_mul_mat (an upstream AMX tile-config problem). So we turn native
-# detection off and switch on exactly the x86 extensions this CPU reports, with the AMX
-# ones always off. A fixed flag list is not portable either: e.g. AMD Zen 4 has AVX-512
-# VNNI but not AVX-VNNI, and a build with -mavxvnni dies there with "Illegal instruction".
-# LLAVA_BUILD=OFF skips the multimodal library, which nsd does not use (and which
-# llama-cpp-python only loads on demand).
+# The default source build compiles ggml with -march=native, which is not what we want
+# either way: a fixed flag list is not portable (AMD Zen 4 has AVX-512 VNNI but not
+# AVX-VNNI, and a build with -mavxvnni dies there with "Illegal instruction"), and the
+# AMX kernels crash unless patched. So native detection is off and we switch on exactly
+# the x86 extensions this CPU reports.
+#
+# AMX (Intel Sapphire Rapids and later): ggml's AMX kernels crash on every decode when
+# built with GCC < 13, because the tile configuration is loaded through an intrinsic whose
+# 8-byte memory operand lets GCC drop the stores that fill it. scripts/patches/ holds the
+# fix (load the whole 64-byte struct through inline asm); it is applied to the vendored
+# llama.cpp source before every build, on every CPU, and the build stops if it no longer
+# applies. AMX is switched on only where the CPU reports amx_tile and amx_int8.
+# LLAVA_BUILD=OFF skips the multimodal library, which nsd does not use.
 cpu_flags=""
 if [[ "$(uname -m)" == "x86_64" && -r /proc/cpuinfo ]]; then
     cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
@@ -59,18 +64,26 @@ if [[ -n "$cpu_flags" ]]; then
     CMAKE_ARGS+=" -DGGML_AVX512_VBMI=$(onoff avx512vbmi)"
     CMAKE_ARGS+=" -DGGML_AVX512_VNNI=$(onoff avx512_vnni)"
     CMAKE_ARGS+=" -DGGML_AVX512_BF16=$(onoff avx512_bf16)"
-    CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    if has amx_tile amx_int8; then
+        CMAKE_ARGS+=" -DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON -DGGML_AMX_BF16=$(onoff amx_bf16)"
+    else
+        CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    fi
 else
-    # Not x86-64 Linux: no AMX to avoid, the native build is fine.
+    # Not x86-64 Linux: no AMX to worry about, the native build is fine.
     CMAKE_ARGS="-DGGML_NATIVE=ON"
 fi
 CMAKE_ARGS+=" -DLLAVA_BUILD=OFF"
 
-# The cached wheel is only reused if it was built with exactly these flags (a wheel built
-# for another CPU can crash here); the flags are stored next to it.
-STAMP="$WHEEL_DIR/CMAKE_ARGS"
+PATCHES=("$ROOT"/scripts/patches/*.patch)
+patch_sum="$(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
+
+# The cached wheel is only reused if it was built with exactly these flags and patches (a
+# wheel built for another CPU can crash here); both are stored next to it.
+STAMP="$WHEEL_DIR/BUILD_STAMP"
+stamp="CMAKE_ARGS=$CMAKE_ARGS patches=$patch_sum"
 wheel="$(ls "$WHEEL_DIR"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
-if [[ -n "$wheel" && -f "$STAMP" && "$(cat "$STAMP")" == "$CMAKE_ARGS" ]]; then
+if [[ -n "$wheel" && -f "$STAMP" && "$(cat "$STAMP")" == "$stamp" ]]; then
     say "using cached llama-cpp-python wheel: $wheel"
 else
     say "building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (about 10 minutes)"
@@ -78,16 +91,27 @@ else
     mkdir -p "$CACHE"
     tmp="$(mktemp -d "$CACHE/llama-build.XXXXXX")"
     trap 'rm -rf "$tmp"' EXIT
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$tmp/sdist" \
+        "llama-cpp-python==$LLAMA_CPP_VERSION"
+    tar -xzf "$tmp"/sdist/llama_cpp_python-"$LLAMA_CPP_VERSION".tar.gz -C "$tmp"
+    src="$tmp/llama_cpp_python-$LLAMA_CPP_VERSION"
+    for p in "${PATCHES[@]}"; do
+        say "applying $(basename "$p")"
+        if ! patch --batch --forward --silent -p1 -d "$src" < "$p"; then
+            say "ERROR: $(basename "$p") no longer applies to llama-cpp-python $LLAMA_CPP_VERSION;"
+            say "       update the patch (or drop it if upstream fixed the problem) before building."
+            exit 1
+        fi
+    done
     # --no-cache-dir: pip's own wheel cache is keyed by the source, not by CMAKE_ARGS,
     # and would hand back a wheel built with other flags.
     CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
-        "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
-        --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION"
-    built="$(ls "$tmp"/llama_cpp_python-*.whl | head -n1)"
+        "$PY" -m pip wheel --quiet --no-deps --no-cache-dir -w "$tmp/wheel" "$src"
+    built="$(ls "$tmp"/wheel/llama_cpp_python-*.whl | head -n1)"
     rm -rf "$WHEEL_DIR"
     mkdir -p "$WHEEL_DIR"
     mv "$built" "$WHEEL_DIR/"
-    printf '%s' "$CMAKE_ARGS" > "$STAMP"
+    printf '%s' "$stamp" > "$STAMP"
     wheel="$WHEEL_DIR/$(basename "$built")"
     say "wheel cached at $wheel"
 fi
