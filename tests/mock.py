@@ -47,3 +47,23 @@ class MockLM:
 
     def reset(self) -> None:
         self._tokens = []
+
+
+class MockTokenizer:
+    """A byte-level tokenizer over a small vocabulary, no files or downloads: each UTF-8
+    byte maps to ``byte % (vocab_size - 1) + 1``; id 0 is reserved. Enough for Engine tests."""
+
+    chat_template = None
+
+    def __init__(self, vocab_size: int = 16, eos_token_id: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [b % (self.vocab_size - 1) + 1 for b in text.encode()]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + (i - 1) % 26) for i in ids if i != self.eos_token_id)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {str(i): i for i in range(self.vocab_size)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Sequence
+from typing import Any, Generator, Sequence
 
 from nsd.backends.base import ModelBackend
 from nsd.decode import DecodeConfig, DecodeStats, decode
@@ -31,18 +31,23 @@ BACKENDS = ("auto", "llama", "hf")
 @dataclass(frozen=True)
 class BackendOptions:
     """How models are run. ``auto`` picks llama.cpp for GGUF files when it is installed
-    (the fastest CPU path measured), transformers otherwise."""
+    and the device is the CPU (the fastest CPU path measured), transformers otherwise."""
 
     backend: str = "auto"
-    dtype: str = "float32"  # transformers backend only
+    dtype: str = "auto"  # transformers backend only; auto = bfloat16 on CUDA, float32 on CPU
     threads: int | None = None
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # llama.cpp context; length of the transformers backend's static KV cache
+    device: str = "auto"  # transformers backend: auto, cpu, cuda or cuda:N
+    compile: bool = False  # transformers backend: torch.compile (CUDA graphs on CUDA) short forwards
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise NSDError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
             raise NSDError(f"threads must be >= 1, got {self.threads}")
+        from nsd.backends.hf import resolve_device, resolve_dtype
+
+        resolve_dtype(self.dtype, resolve_device(self.device))  # fail before any model loads
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,10 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
     resolved = resolve_model(model)
     backend = options.backend
     if backend == "auto":
-        backend = "llama" if resolved.gguf_path is not None and llama_available() else "hf"
+        from nsd.backends.hf import resolve_device
+
+        on_cpu = resolve_device(options.device).type == "cpu"
+        backend = "llama" if resolved.gguf_path is not None and llama_available() and on_cpu else "hf"
     if reduced_vocab is not None and backend != "llama":
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
@@ -123,7 +131,8 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
     from nsd.backends.hf import HFBackend
 
     hf_dir = resolved.hf_dir or ensure_hf_folder(model)
-    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads), str(hf_dir), None
+    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads, device=options.device,
+                     max_len=options.n_ctx, compile=options.compile), str(hf_dir), None
 
 
 def _load_tokenizer(folder: str):
@@ -143,18 +152,53 @@ class Engine:
             raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
         if proposer == "draft" and not draft:
             raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
+        target_backend, tok_dir, _ = load_backend(target, options)
+        tokenizer = _load_tokenizer(tok_dir)
+        draft_backend, vocab_map = None, None
+        if proposer == "draft":
+            draft_backend, draft_tok_dir, vocab_map = load_backend(draft, options, draft_vocab)
+            _check_same_tokenizer(tokenizer, _load_tokenizer(draft_tok_dir), target, draft)
+        self._attach(target_backend, tokenizer, draft_backend, proposer, ngram, vocab_map,
+                     names=(target, draft))
+
+    @classmethod
+    def from_models(cls, target_model: Any, tokenizer: Any, draft_model: Any = None,
+                    proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                    max_len: int = 4096, compile: bool = False) -> "Engine":
+        """An engine around models already in memory, like transformers' ``assistant_model``.
+
+        ``target_model`` and ``draft_model`` are transformers causal LMs (run where they
+        are, in their dtype, with nsd's static KV cache) or ready :class:`ModelBackend`
+        objects; ``tokenizer`` is the one tokenizer they share.
+        """
+        proposer = proposer or ("draft" if draft_model is not None else "ngram")
+        if proposer == "draft" and draft_model is None:
+            raise NSDError("the draft proposer needs a draft model (draft_model=...)")
+
+        def wrap(model: Any) -> ModelBackend:
+            if isinstance(model, ModelBackend):
+                return model
+            from nsd.backends.hf import HFBackend
+
+            return HFBackend.from_model(model, max_len=max_len, compile=compile)
+
+        engine = cls.__new__(cls)
+        engine._attach(wrap(target_model), tokenizer,
+                       wrap(draft_model) if proposer == "draft" else None, proposer, ngram, None,
+                       names=("the target model", "the draft model"))
+        return engine
+
+    def _attach(self, target: ModelBackend, tokenizer: Any, draft: ModelBackend | None,
+                proposer: str, ngram: NgramConfig, vocab_map: VocabMap | None,
+                names: tuple[str, str | None]) -> None:
         self.proposer_kind = proposer
         self.ngram = ngram
-        self.target, tok_dir, _ = load_backend(target, options)
-        self.tokenizer = _load_tokenizer(tok_dir)
-        self.draft: ModelBackend | None = None
-        self.draft_vocab_map: VocabMap | None = None
-        if proposer == "draft":
-            self.draft, draft_tok_dir, self.draft_vocab_map = load_backend(draft, options, draft_vocab)
-            _check_same_tokenizer(self.tokenizer, _load_tokenizer(draft_tok_dir), target, draft)
-            if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
-                raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
-                               f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
+        self.target, self.tokenizer = target, tokenizer
+        self.draft: ModelBackend | None = draft
+        self.draft_vocab_map: VocabMap | None = vocab_map
+        if draft is not None and vocab_map is None and draft.vocab_size != target.vocab_size:
+            raise NSDError(f"draft {names[1]} has {draft.vocab_size} logits per token but the "
+                           f"target {names[0]} has {target.vocab_size}: they must share a vocabulary")
         self.eos_token_ids = self._eos_ids()
 
     def _eos_ids(self) -> tuple[int, ...]:

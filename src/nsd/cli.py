@@ -30,13 +30,20 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
                    help="where drafts come from (default: draft if --draft is given, else ngram)")
     p.add_argument("--backend", choices=["auto", "llama", "hf"], default="auto",
                    help="model engine: llama.cpp for GGUF (auto when installed) or transformers")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                   help="weights dtype for the transformers backend")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="weights dtype for the transformers backend (auto: bfloat16 on CUDA, "
+                        "float32 on CPU)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
+                   help="where the transformers backend runs (auto: CUDA when torch sees a GPU; "
+                        "then --backend auto picks transformers)")
+    p.add_argument("--compile", action="store_true",
+                   help="transformers backend: torch.compile the short forwards (CUDA graphs on CUDA)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="draft over a reduced vocabulary: the N most frequent tokens plus the "
                         "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-ctx", type=int, default=4096, help="context length for llama.cpp")
+    p.add_argument("--n-ctx", type=int, default=4096,
+                   help="context length (llama.cpp; the transformers backend's static KV cache)")
 
 
 def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -81,7 +88,7 @@ def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
     from nsd.api import BackendOptions, Engine
 
     options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
-                             n_ctx=args.n_ctx)
+                             n_ctx=args.n_ctx, device=args.device, compile=args.compile)
     proposer = args.proposer if needs_proposer else ("draft" if args.draft else "ngram")
     return Engine(args.target, draft=args.draft, proposer=proposer, options=options,
                   draft_vocab=args.draft_vocab)

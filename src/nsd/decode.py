@@ -161,7 +161,7 @@ def decode(
     attempts = [0] * max(config.k, config.k_max)
     accepts = [0] * max(config.k, config.k_max)
     accepted_per_pass: list[int] = []
-    spent = torch.zeros(1, dtype=torch.float64)
+    spent = torch.zeros(1, dtype=torch.float64, device=generator.device)
     policy = AdaptiveK(config.k, config.k_max) if config.adaptive_k else None
     stop_reason = "length"
 
@@ -182,6 +182,7 @@ def decode(
             n_acc = 0
         else:
             n = len(draft)
+            device = logits.device  # the target's; draft tokens and uniforms move there
             target_probs = logits_to_probs(logits, sampling)  # [n+1, V]
             plaus = plausibility_probs(logits[:n], sampling, target_probs[:n]) if rule.relaxes else \
                 target_probs[:n]
@@ -189,11 +190,12 @@ def decode(
                 rule,
                 target_probs.unsqueeze(0),
                 plaus.unsqueeze(0),
-                proposal.tokens.unsqueeze(0),
-                None if proposal.probs is None else proposal.probs.unsqueeze(0),
-                torch.rand(1, n, dtype=torch.float64, generator=generator),
-                torch.rand(1, dtype=torch.float64, generator=generator),
-                spent,
+                proposal.tokens.to(device).unsqueeze(0),
+                None if proposal.probs is None else proposal.probs.to(device).unsqueeze(0),
+                # Uniforms come from the CPU generator, so a seed means the same on any device.
+                torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+                torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+                spent.to(device),
             )
             spent = result.spent
             n_acc = int(result.num_accepted[0])
@@ -252,7 +254,8 @@ def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
     if sampling.greedy:
         return int(logits.argmax())
     probs = logits_to_probs(logits, sampling).unsqueeze(0)
-    return int(sample_from(probs, torch.rand(1, dtype=torch.float64, generator=generator))[0])
+    uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
+    return int(sample_from(probs, uniform)[0])
 
 
 def _trim_zeros(counts: list[int]) -> list[int]:

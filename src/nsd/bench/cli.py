@@ -109,6 +109,7 @@ def _settings(args: argparse.Namespace, base) -> dict:
     generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
     return {"target": args.target, "draft": args.draft,
             "backend": args.backend, "dtype": args.dtype, "threads": args.threads, "n_ctx": args.n_ctx,
+            "device": args.device, "compile": args.compile,
             "draft_vocab": args.draft_vocab,
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
             "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
@@ -187,7 +188,7 @@ def _engine(args: argparse.Namespace, draft: bool):
     from nsd.api import BackendOptions, Engine
 
     options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
-                             n_ctx=args.n_ctx)
+                             n_ctx=args.n_ctx, device=args.device, compile=args.compile)
     return Engine(args.target, draft=args.draft if draft else None,
                   proposer="draft" if draft else "ngram", options=options,
                   draft_vocab=args.draft_vocab if draft else None)
