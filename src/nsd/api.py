@@ -38,16 +38,17 @@ class BackendOptions:
     threads: int | None = None
     n_ctx: int = 4096  # llama.cpp context; length of the transformers backend's static KV cache
     device: str = "auto"  # transformers backend: auto, cpu, cuda or cuda:N
-    compile: bool = False  # transformers backend: torch.compile (CUDA graphs on CUDA) short forwards
+    compile: str = "none"  # transformers backend: graph short forwards: none, torch or cudagraph
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise NSDError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
             raise NSDError(f"threads must be >= 1, got {self.threads}")
-        from nsd.backends.hf import resolve_device, resolve_dtype
+        from nsd.backends.hf import graph_mode, resolve_device, resolve_dtype
 
         resolve_dtype(self.dtype, resolve_device(self.device))  # fail before any model loads
+        graph_mode(self.compile)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Engine:
     @classmethod
     def from_models(cls, target_model: Any, tokenizer: Any, draft_model: Any = None,
                     proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
-                    max_len: int = 4096, compile: bool = False) -> "Engine":
+                    max_len: int = 4096, compile: bool | str = False) -> "Engine":
         """An engine around models already in memory, like transformers' ``assistant_model``.
 
         ``target_model`` and ``draft_model`` are transformers causal LMs (run where they

@@ -36,8 +36,10 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
                    help="where the transformers backend runs (auto: CUDA when torch sees a GPU; "
                         "then --backend auto picks transformers)")
-    p.add_argument("--compile", action="store_true",
-                   help="transformers backend: torch.compile the short forwards (CUDA graphs on CUDA)")
+    p.add_argument("--compile", nargs="?", const="torch", default="none",
+                   choices=["none", "torch", "cudagraph"],
+                   help="transformers backend: graph the short forwards with torch.compile (CUDA "
+                        "graphs on CUDA), or capture plain CUDA graphs (cudagraph; CUDA only)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="draft over a reduced vocabulary: the N most frequent tokens plus the "
                         "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")

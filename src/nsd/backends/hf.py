@@ -3,9 +3,10 @@
 The model runs on ``cpu`` or ``cuda`` (``auto`` picks CUDA when torch sees one) in the
 dtype asked for (``auto``: bfloat16 on CUDA, float32 on CPU). Its KV cache is the static,
 position-indexed :class:`~nsd.backends.kv_cache.StaticKVCache`, so ``rewind`` is O(1).
-With ``compile=True`` the short forwards (one token, a verification block of ``k + 1``)
-go through ``torch.compile`` — CUDA graphs on CUDA — one graph per length; the prompt
-prefill always runs eagerly.
+The short forwards (one token, a verification block of ``k + 1``) can be graphed, one
+graph per length, with ``compile``: ``"torch"`` (or ``True``) runs them through
+``torch.compile`` (CUDA graphs on CUDA), ``"cudagraph"`` captures the eager kernels in a
+plain CUDA graph (no compile time; CUDA only). The prompt prefill always runs eagerly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 DEVICES = ("auto", "cpu", "cuda")
 # Forwards of up to this many tokens may be graphed: k + 1 for k up to 16.
 GRAPH_MAX_TOKENS = 17
+GRAPH_MODES = ("none", "torch", "cudagraph")
+
+
+def graph_mode(compile: bool | str) -> str:
+    """Normalise the ``compile`` argument: False → none, True → torch."""
+    mode = {False: "none", True: "torch"}.get(compile, compile) if isinstance(compile, bool) else compile
+    if mode not in GRAPH_MODES:
+        raise NSDError(f"unknown compile mode {compile!r}; choose one of {', '.join(GRAPH_MODES)}")
+    return mode
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -58,7 +68,7 @@ class HFBackend:
 
     def __init__(self, model_dir: str | Path, dtype: str | torch.dtype | None = "auto",
                  n_threads: int | None = None, device: str | torch.device = "auto",
-                 max_len: int = 4096, compile: bool = False) -> None:
+                 max_len: int = 4096, compile: bool | str = False) -> None:
         from transformers import AutoModelForCausalLM
 
         target_device = resolve_device(device)
@@ -72,7 +82,7 @@ class HFBackend:
         self._setup(model.to(target_device).eval(), max_len, compile)
 
     @classmethod
-    def from_model(cls, model: Any, max_len: int = 4096, compile: bool = False) -> "HFBackend":
+    def from_model(cls, model: Any, max_len: int = 4096, compile: bool | str = False) -> "HFBackend":
         """Wrap an already-loaded transformers causal LM, on whatever device and in whatever
         dtype it already is (like transformers' ``assistant_model``). The model is not
         modified; it must be in eval mode."""
@@ -82,7 +92,7 @@ class HFBackend:
         backend._setup(model, max_len, compile)
         return backend
 
-    def _setup(self, model: Any, max_len: int, compile: bool) -> None:
+    def _setup(self, model: Any, max_len: int, compile: bool | str) -> None:
         if max_len < 1:
             raise NSDError(f"max_len must be >= 1, got {max_len}")
         self.model = model
@@ -105,9 +115,16 @@ class HFBackend:
         if static_cache_supported(config):
             self.cache = StaticKVCache.for_config(config, self.max_positions, self.dtype, self.device)
         self._graphed: Callable[[torch.Tensor], torch.Tensor] | None = None
-        if compile and self.cache is not None:
+        self.graph_mode = graph_mode(compile) if self.cache is not None else "none"
+        if self.graph_mode == "torch":
             mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs
             self._graphed = torch.compile(self._static_step, mode=mode, dynamic=False)
+        elif self.graph_mode == "cudagraph":
+            if self.device.type != "cuda":
+                raise NSDError("compile='cudagraph' needs the model on a CUDA device")
+            self._cuda_graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
+            self._graph_pool = torch.cuda.graph_pool_handle()
+            self._graphed = self._cudagraph_step
 
     @property
     def vocab_size(self) -> int:
@@ -177,6 +194,28 @@ class HFBackend:
         finally:
             cache.static_shapes = False
         return out.logits[0]  # [n, V]
+
+    def _cudagraph_step(self, ids: torch.Tensor) -> torch.Tensor:
+        """Replay the CUDA graph of :meth:`_static_step` for this length; capture it on the
+        first call. Warm-up and capture write the same keys/values, at the same slots, as
+        the real call does, so they leave the cache as the call would."""
+        n = ids.shape[1]
+        if n not in self._cuda_graphs:
+            static_ids = ids.clone()  # [1, n] the graph reads its input from here
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm-up off the capture stream (CUDA graph rules)
+                for _ in range(2):
+                    self._static_step(static_ids)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                static_logits = self._static_step(static_ids)  # [n, V]
+            self._cuda_graphs[n] = (graph, static_ids, static_logits)
+        graph, static_ids, static_logits = self._cuda_graphs[n]
+        static_ids.copy_(ids)
+        graph.replay()
+        return static_logits
 
     def _dynamic_forward(self, ids: torch.Tensor, all_logits: bool) -> torch.Tensor:
         from transformers import DynamicCache
