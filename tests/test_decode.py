@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mock import MockLM
-from nsd.decode import AdaptiveK, DecodeConfig, decode, run_to_end
+from nsd.costmodel import AdaptiveK
+from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
@@ -155,11 +156,11 @@ def test_ngram_sd_is_lossless_greedy() -> None:
 
 def test_adaptive_k_policy() -> None:
     pol = AdaptiveK(k=4, k_max=6)
-    pol.update(4, 4)
+    pol.observe(4, 4, 4, 0.0, 0.0, 0.0)
     assert pol.k == 6
-    pol.update(6, 6)
+    pol.observe(6, 6, 6, 0.0, 0.0, 0.0)
     assert pol.k == 6
-    pol.update(6, 2)
+    pol.observe(6, 6, 2, 0.0, 0.0, 0.0)
     assert pol.k == 5
     target = MockLM(seed=3)
     _, stats = _run(target, DecodeConfig(sampling=GREEDY, k=2, adaptive_k=True, k_max=8, max_new_tokens=40),

@@ -18,6 +18,7 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from nsd.backends.base import ModelBackend
+from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposer
 from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs, sample_from
@@ -26,13 +27,19 @@ from nsd.verify import RuleConfig, verify
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One decoding run. ``speculative=False`` is plain autoregressive decoding."""
+    """One decoding run. ``speculative=False`` is plain autoregressive decoding.
+
+    The draft length per block: ``k`` fixed, grown and shrunk by ``adaptive_k``, or, with
+    ``auto_k``, chosen by the cost model (up to ``k_max``, 0 = a plain step) through the
+    ``k_policy`` the caller hands :func:`decode`.
+    """
 
     speculative: bool = True
     rule: RuleConfig = RuleConfig()
     sampling: SamplingConfig = SamplingConfig()
     k: int = 4
     adaptive_k: bool = False
+    auto_k: bool = False
     k_max: int = 16
     max_new_tokens: int = 128
     seed: int = 0
@@ -44,21 +51,17 @@ class DecodeConfig:
             raise NSDError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
         if self.adaptive_k and self.k_max < self.k:
             raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
+        if self.k_max < 1:
+            raise NSDError(f"k_max must be >= 1, got {self.k_max}")
+        if self.adaptive_k and self.auto_k:
+            raise NSDError("choose either adaptive k or auto k, not both")
 
-
-@dataclass
-class AdaptiveK:
-    """Grow k after a fully accepted block, shrink it after a rejection (HF's heuristic)."""
-
-    k: int
-    k_max: int
-    k_min: int = 1
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted and accepted == drafted:
-            self.k = min(self.k + 2, self.k_max)
-        else:
-            self.k = max(self.k - 1, self.k_min)
+    def default_policy(self) -> KPolicy:
+        """The policy for a fixed or adaptive ``k`` (``auto_k`` needs measured costs, so
+        its policy comes from whoever holds them: see :mod:`nsd.costmodel`)."""
+        if self.auto_k:
+            raise NSDError("auto k needs step costs: pass a CostModelK policy to decode()")
+        return AdaptiveK(self.k, self.k_max) if self.adaptive_k else FixedK(self.k)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class DecodeStats:
     position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
     position_accepts: list[int] = field(default_factory=list)
     accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
+    k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
+    predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
 
     @property
     def tau(self) -> float:
@@ -135,11 +140,13 @@ def decode(
     proposer: Proposer | None = None,
     eos_token_ids: Sequence[int] = (),
     stop_check: Callable[[list[int]], bool] | None = None,
+    k_policy: KPolicy | None = None,
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
     Yields the list of tokens each target pass adds (EOS included when it ends the
     generation). ``stop_check(generated)`` may end the run early (stop strings).
+    ``k_policy`` chooses each block's draft length (default: from ``config``).
     """
     if len(prompt_ids) == 0:
         raise NSDError("the prompt is empty: give at least one token")
@@ -161,13 +168,20 @@ def decode(
     attempts = [0] * max(config.k, config.k_max)
     accepts = [0] * max(config.k, config.k_max)
     accepted_per_pass: list[int] = []
+    k_per_pass: list[int] = []
     spent = torch.zeros(1, dtype=torch.float64)
-    policy = AdaptiveK(config.k, config.k_max) if config.adaptive_k else None
+    policy = k_policy if k_policy is not None else \
+        (config.default_policy() if config.speculative else FixedK(0))
     stop_reason = "length"
 
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
-        k = min(policy.k if policy else config.k, remaining - 1)
+        k = max(0, min(policy.next_k(remaining) if config.speculative else 0, remaining - 1))
+        if k > len(attempts):
+            attempts += [0] * (k - len(attempts))
+            accepts += [0] * (k - len(accepts))
+        if config.speculative:
+            k_per_pass.append(k)
         t0 = time.perf_counter()
         proposal = proposer.propose(context, k, generator) if (config.speculative and k > 0) else None
         draft = proposal.tokens.tolist() if proposal is not None else []
@@ -207,9 +221,9 @@ def decode(
             for i in range(n_acc):
                 accepts[i] += 1
             accepted_per_pass.append(n_acc)
-            if policy:
-                policy.update(n, n_acc)
             target.rewind(len(context) + n_acc)
+        if config.speculative:
+            policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
         # Truncate at EOS; the cache may hold tokens past it, which is harmless at the end.
         for i, tok in enumerate(new):
             if tok in eos:
@@ -244,6 +258,8 @@ def decode(
         position_attempts=attempts,
         position_accepts=accepts[:len(attempts)],
         accepted_per_pass=accepted_per_pass,
+        k_per_pass=k_per_pass,
+        predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
     )
 
 
