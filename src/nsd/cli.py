@@ -51,8 +51,11 @@ def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True) -> N
                    help="per-position cap δ: positions with E_t > δ are verified exactly")
     p.add_argument("--smooth", action="store_true",
                    help="spend the last remainder of the budget with a partial relaxation")
-    p.add_argument("--typical-epsilon", type=_float_arg, default=0.3, help="typical acceptance ε")
-    p.add_argument("--typical-delta", type=_float_arg, default=0.09, help="typical acceptance δ")
+    # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
+    p.add_argument("--typical-epsilon", type=_float_arg, default=0.09,
+                   help="typical acceptance ε: p(x) > min(ε, δ·exp(−H)) (default 0.09, as Medusa)")
+    p.add_argument("--typical-delta", type=_float_arg, default=0.3,
+                   help="typical acceptance δ (default 0.3, as Medusa)")
     p.add_argument("-k", "--draft-length", dest="k", type=int, default=4, help="draft tokens per block")
     p.add_argument("--adaptive-k", action="store_true", help="grow/shrink k with acceptance")
     p.add_argument("--max-new-tokens", type=int, default=128)
