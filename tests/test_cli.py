@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from nsd.cli import main
+from nsd.api import GenerationConfig
+from nsd.cli import build_parser, main
+from nsd.verify import RuleConfig
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -43,3 +45,17 @@ def test_models_list_runs(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
         assert name in out
+
+
+def test_typical_acceptance_defaults_are_medusas() -> None:
+    # Medusa accepts p(x) > min(ε, δ·exp(−H)) with ε = posterior_threshold = 0.09 and
+    # δ = posterior_alpha = 0.3; every layer must default to that pair, not the swap.
+    assert (RuleConfig().epsilon, RuleConfig().typical_delta) == (0.09, 0.3)
+    config = GenerationConfig()
+    assert (config.typical_epsilon, config.typical_delta) == (0.09, 0.3)
+    rule = GenerationConfig(method="typical").rule()
+    assert (rule.epsilon, rule.typical_delta) == (0.09, 0.3)
+    parser = build_parser()
+    for argv in (["generate", "--target", "t"], ["compare", "--target", "t"], ["bench"]):
+        args = parser.parse_args(argv)
+        assert (args.typical_epsilon, args.typical_delta) == (0.09, 0.3), argv

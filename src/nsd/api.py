@@ -64,8 +64,8 @@ class GenerationConfig:
     budget: float = math.inf
     cap: float = math.inf
     smooth: bool = False
-    typical_epsilon: float = 0.3
-    typical_delta: float = 0.09
+    typical_epsilon: float = 0.09  # Medusa's posterior_threshold
+    typical_delta: float = 0.3  # Medusa's posterior_alpha
     k: int | str = "auto"  # drafts per block, or "auto": the cost model picks (0..k_max)
     k_max: int = 8
     adaptive_k: bool = False
@@ -307,13 +307,10 @@ class Engine:
         """Yield text as it is produced; return the full :class:`GenerationResult`."""
         decode_config = config.decode_config()
         stops = tuple(s for s in config.stop if s)
-        tail = max((len(s) for s in stops), default=0) + 16
-
-        def stop_check(generated: list[int]) -> bool:
-            return any(s in self.tokenizer.decode(generated[-tail:]) for s in stops)
-
+        tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
+        stop_check = _StopScanner(self.tokenizer, stops) if stops else None
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
-                     self.eos_token_ids, stop_check if stops else None, self.k_policy(decode_config))
+                     self.eos_token_ids, stop_check, self.k_policy(decode_config))
         tokens: list[int] = []
         shown = ""
         while True:
@@ -352,6 +349,37 @@ class Engine:
             if cut >= 0:
                 text = text[:cut]
         return text
+
+
+class _StopScanner:
+    """``stop_check`` for :func:`decode`: does the generated text contain a stop string?
+
+    Called after every target pass with the whole growing token list. Each call decodes the
+    tokens added since the previous call — a pass may add any number (k has no upper
+    bound) — plus enough earlier tokens to hold a stop string that straddles passes, so
+    every character is searched while the cost per pass stays proportional to the pass.
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.longest = max(len(s) for s in stops)
+        self.checked = 0  # tokens whose text has been searched
+
+    def __call__(self, generated: list[int]) -> bool:
+        start, self.checked = self.checked, len(generated)
+        back = self.longest + 16  # earlier tokens to re-decode; nearly always ≥ 1 char each
+        while True:
+            lo = max(0, start - back)
+            # Out of context a slice's first token can render differently (a dropped leading
+            # space, U+FFFD for a split UTF-8 sequence), so it does not count towards the
+            # `longest − 1` characters a straddling stop string needs; byte-piece tokens
+            # that decode to little make the margin grow.
+            if lo == 0 or len(self.tokenizer.decode(generated[lo + 1:start])) >= self.longest:
+                break
+            back *= 2
+        text = self.tokenizer.decode(generated[lo:])
+        return any(s in text for s in self.stops)
 
 
 def _check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:

@@ -65,8 +65,11 @@ def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True) -> N
                    help="per-position cap δ: positions with E_t > δ are verified exactly")
     p.add_argument("--smooth", action="store_true",
                    help="spend the last remainder of the budget with a partial relaxation")
-    p.add_argument("--typical-epsilon", type=_float_arg, default=0.3, help="typical acceptance ε")
-    p.add_argument("--typical-delta", type=_float_arg, default=0.09, help="typical acceptance δ")
+    # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
+    p.add_argument("--typical-epsilon", type=_float_arg, default=0.09,
+                   help="typical acceptance ε: p(x) > min(ε, δ·exp(−H)) (default 0.09, as Medusa)")
+    p.add_argument("--typical-delta", type=_float_arg, default=0.3,
+                   help="typical acceptance δ (default 0.3, as Medusa)")
     p.add_argument("-k", "--draft-length", dest="k", type=_k_arg, default="auto",
                    help="draft tokens per block, or auto (default): before each block the cost "
                         "model picks the k (0 = plain step) with the most expected tokens/s")

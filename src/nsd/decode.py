@@ -22,7 +22,7 @@ from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposer
 from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs, sample_from
-from nsd.verify import RuleConfig, verify
+from nsd.verify import RuleConfig, charge, verify
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def decode(
         target_s += t2 - t1
         passes += 1
         if not draft:
-            new = [_sample_one(logits[-1], sampling, generator)]
+            new = _cut_at_eos([_sample_one(logits[-1], sampling, generator)], eos)[:remaining]
             n_acc = 0
         else:
             n = len(draft)
@@ -209,28 +209,34 @@ def decode(
                 torch.rand(1, dtype=torch.float64, generator=generator),
                 spent,
             )
-            spent = result.spent
             n_acc = int(result.num_accepted[0])
-            new = draft[:n_acc] + [int(result.next_token[0])]
-            drafted += n
-            accepted += n_acc
-            relaxed += int(result.relaxed.sum())
-            reached = min(n_acc + 1, n)
-            for i in range(reached):
+            new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
+            # Statistics cover emitted tokens only: an accepted EOS ends the output, and the
+            # drafts after it are neither output nor candidates for it. Position i of `new`
+            # is draft position i (the last may be the recovered token at the rejected
+            # position, or the bonus one past the drafts).
+            eos_cut = len(new) < n_acc + 1  # an accepted draft was an EOS
+            emitted_drafts = min(len(new), n)
+            emitted_acc = min(n_acc, len(new))
+            # D is charged only where a token is emitted; the deviation is 0 past the
+            # rejection, so a prefix sum (in the budget scan's order) is the exact charge.
+            spent = charge(spent, result.deviation[:, :emitted_drafts])
+            # Drafts past a rejection were tried and failed, so they count; past an EOS not.
+            drafted += len(new) if eos_cut else n
+            accepted += emitted_acc
+            relaxed += int(result.relaxed[0, :emitted_drafts].sum())
+            for i in range(min(emitted_acc + 1, emitted_drafts)):
                 attempts[i] += 1
-            for i in range(n_acc):
+            for i in range(emitted_acc):
                 accepts[i] += 1
-            accepted_per_pass.append(n_acc)
+            accepted_per_pass.append(emitted_acc)
             target.rewind(len(context) + n_acc)
         if config.speculative:
+            # The cost model learns from what the verifier did (an EOS cut is not a rejection).
             policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
-        # Truncate at EOS; the cache may hold tokens past it, which is harmless at the end.
-        for i, tok in enumerate(new):
-            if tok in eos:
-                new = new[:i + 1]
-                stop_reason = "eos"
-                break
-        new = new[:remaining]
+        # The cache may hold tokens past an EOS, which is harmless at the end.
+        if new and new[-1] in eos:
+            stop_reason = "eos"
         context.extend(new)
         generated.extend(new)
         yield new
@@ -269,6 +275,14 @@ def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
         return int(logits.argmax())
     probs = logits_to_probs(logits, sampling).unsqueeze(0)
     return int(sample_from(probs, torch.rand(1, dtype=torch.float64, generator=generator))[0])
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS."""
+    for i, tok in enumerate(tokens):
+        if tok in eos:
+            return tokens[:i + 1]
+    return tokens
 
 
 def _trim_zeros(counts: list[int]) -> list[int]:
