@@ -129,7 +129,11 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
 def _load_tokenizer(folder: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # the folder's files were checked; this is what is left
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise NSDError(f"could not load the tokenizer in {folder}: {reason}") from exc
 
 
 class Engine:
@@ -145,6 +149,8 @@ class Engine:
             raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
+        if proposer == "draft":
+            resolve_model(draft)  # a damaged draft is reported before the target's slow load
         self.target, tok_dir, _ = load_backend(target, options)
         self.tokenizer = _load_tokenizer(tok_dir)
         self.draft: ModelBackend | None = None
