@@ -102,7 +102,7 @@ def check_marker(path: Path, *, rehash: bool = False, expected_sha256: str | Non
     except (OSError, ValueError, KeyError, TypeError):
         return "its completion marker is unreadable"
     current = _members(path)
-    refreshed = False
+    refreshed = dict(recorded)
     for name, entry in recorded.items():
         label = name or path.name
         file = current.get(name)
@@ -116,9 +116,9 @@ def check_marker(path: Path, *, rehash: bool = False, expected_sha256: str | Non
         if rehash or stat.st_mtime_ns != entry.get("mtime_ns"):
             if sha256_file(file, progress=progress) != entry.get("sha256"):
                 return f"{label} does not match the SHA-256 recorded when it was written"
-            refreshed |= stat.st_mtime_ns != entry.get("mtime_ns")
-    if refreshed:  # same bytes, new mtime: record it so the next start does not re-hash
-        write_marker(path, expected_sha256 if not path.is_dir() else None)
+            refreshed[name] = {**entry, "mtime_ns": stat.st_mtime_ns}
+    if refreshed != recorded:  # same bytes, new mtime: record it so the next start need not hash
+        write_json_atomically(marker_path(path), {"version": 1, "files": refreshed})
     return None
 
 
@@ -136,7 +136,7 @@ def ensure_artefact(target: Path, build: Callable[[Path], None], what: str,
         return target
     if target.exists():
         if problem == NO_MARKER and adopt is not None and _vouched(adopt, target):
-            write_marker(target)
+            write_marker(target, progress=True)  # one-time hash; bars only for big files
             return target
         notice(f"{what} in {target} is damaged ({problem}); rebuilding it")
         remove_artefact(target)

@@ -32,6 +32,7 @@ _DEFAULT_ALIGNMENT = 32
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _RECOVER = "download it again (registry models: `nsd models fetch NAME`)"
 
 
@@ -188,8 +189,15 @@ def _value(path: Path, cur: _Cursor, key: str, vtype: int) -> object:
 
 def _skip_array(path: Path, cur: _Cursor, key: str, item_type: int, count: int) -> None:
     if item_type == _STRING:
-        for _ in range(count):  # strings have their own lengths: walk them
-            cur.take(int(cur.scalar("<Q")))
+        # Strings carry their own lengths, so they must be walked; a vocabulary has 150k of
+        # them, hence this tight loop rather than cur.take per string.
+        buf, pos, end, unpack = cur.buf, cur.pos, len(cur.buf), _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                raise _Truncated
+            pos += 8 + unpack(buf, pos)[0]
+        cur.pos = pos
+        cur.take(0)  # raises if the last string ran past the end
     elif item_type in _SCALARS:
         cur.take(count * struct.calcsize(_SCALARS[item_type]))
     else:  # nested arrays are legal GGUF but no model key uses them
@@ -257,13 +265,13 @@ def check_transformers_support(info: GGUFInfo, *, weights: bool) -> None:
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def check_hf_folder(folder: Path, *, weights: bool = True) -> None:
-    """Check that an HF folder has readable JSON, a tokenizer and (with ``weights``) weights
-    whose files are all there and not truncated."""
+def check_hf_folder(folder: Path, *, weights: bool = True, tokenizer: bool = True) -> None:
+    """Check that an HF folder has readable JSON, a tokenizer (with ``tokenizer``) and
+    weights whose files are all there and not truncated (with ``weights``)."""
     for name in ("config.json", "tokenizer_config.json", "model.safetensors.index.json"):
         if (folder / name).is_file():
             _load_json(folder / name)
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+    if tokenizer and not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise NSDError(f"{folder} has no tokenizer: none of {', '.join(_TOKENIZER_FILES)} is "
                        "there; copy the tokenizer files of the model into it")
     if weights:

@@ -27,7 +27,8 @@ class HFBackend:
             dtype = _DTYPES[dtype]
         if n_threads:
             torch.set_num_threads(n_threads)
-        check_hf_folder(Path(model_dir))  # missing or truncated files, named, before loading
+        # Missing or truncated weight files, named, before transformers trips over them.
+        check_hf_folder(Path(model_dir), tokenizer=False)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
         except Exception as exc:  # what the checks cannot see: transformers names it
