@@ -68,6 +68,10 @@ def _damaged(kind: str, tmp_path):
             header = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
             (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
         return path, {"hf-no-weights": "no model weights", "hf-no-tokenizer": "no tokenizer"}[kind]
+    if kind == "no-tokenizer":
+        return write_tiny_gguf(path, tokenizer=False), "has no tokenizer"
+    if kind == "unknown-arch":
+        return write_tiny_gguf(path, arch="nosucharch"), "unsupported architecture 'nosucharch'"
     content, expected = {
         "cut-header": (raw[:16], "truncated"),
         "cut-metadata": (raw[:metadata_end(good) - 30], "truncated"),
@@ -81,7 +85,8 @@ def _damaged(kind: str, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["cut-header", "cut-metadata", "cut-data", "wrong-magic",
-                                  "zero-bytes", "random-bytes", "hf-no-weights", "hf-no-tokenizer"])
+                                  "zero-bytes", "random-bytes", "no-tokenizer", "unknown-arch",
+                                  "hf-no-weights", "hf-no-tokenizer"])
 def test_damaged_model_file_gives_one_error_line(kind, tmp_path, capsys) -> None:
     path, expected = _damaged(kind, tmp_path)
     for backend in ("auto", "hf"):

@@ -245,9 +245,13 @@ def check_transformers_support(info: GGUFInfo, *, weights: bool) -> None:
     arch = info.architecture
     supported = set(GGUF_SUPPORTED_ARCHITECTURES)
     if arch not in supported and arch.replace("-", "") not in supported:
-        raise NSDError(f"{info.path}: unsupported architecture {arch!r} for the transformers "
-                       "backend (it converts: " + ", ".join(sorted(supported))
-                       + "); use --backend llama")
+        known = ", ".join(sorted(supported))
+        if weights:
+            raise NSDError(f"{info.path}: unsupported architecture {arch!r} for the transformers "
+                           f"backend (it converts: {known}); use --backend llama")
+        # Even on llama.cpp, nsd reads a GGUF's tokenizer through transformers.
+        raise NSDError(f"{info.path}: unsupported architecture {arch!r}: transformers, which "
+                       f"reads the tokenizer for nsd, supports GGUF files of: {known}")
     if weights:
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import _type_traits  # the types gguf-py can dequantize
