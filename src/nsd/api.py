@@ -202,7 +202,11 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
 def _load_tokenizer(folder: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # the folder's files were checked; this is what is left
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise NSDError(f"could not load the tokenizer in {folder}: {reason}") from exc
 
 
 class Engine:
@@ -218,6 +222,8 @@ class Engine:
             raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
+        if proposer == "draft":
+            resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
         self.target = self.target_model.backend

@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from nsd.errors import NSDError
+from nsd.model_files import check_hf_folder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,10 +27,13 @@ class HFBackend:
             dtype = _DTYPES[dtype]
         if n_threads:
             torch.set_num_threads(n_threads)
+        # Missing or truncated weight files, named, before transformers trips over them.
+        check_hf_folder(Path(model_dir), tokenizer=False)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-        except (OSError, ValueError) as exc:
-            raise NSDError(f"could not load a causal LM from {model_dir}: {exc}") from exc
+        except Exception as exc:  # what the checks cannot see: transformers names it
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise NSDError(f"could not load a causal LM from {model_dir}: {reason}") from exc
         self.model.eval()
         self._vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._cache = None
