@@ -23,6 +23,7 @@ Every policy here answers two calls: ``next_k(remaining)`` before a block and
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -157,6 +158,18 @@ class AcceptanceTracker:
             out.append(previous)
         return out
 
+    def sample(self, rng: random.Random) -> list[float]:
+        """One draw of ``α_1..α_k`` from the Beta posteriors (Thompson sampling): a
+        decision made on a draw rather than the mean keeps trying what might pay, in
+        proportion to how unsure the estimate still is."""
+        out, previous = [], self.prior
+        for acc, att in zip(self.accepts, self.attempts):
+            a = acc + self.weight * previous
+            b = (att - acc) + self.weight * (1.0 - previous)
+            out.append(rng.betavariate(max(a, 1e-3), max(b, 1e-3)))
+            previous = a / (a + b)
+        return out
+
     def update(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
@@ -179,14 +192,18 @@ class CostModelK:
 
     ``costs`` come from calibration; two online scale factors follow the machine as it is
     now: observed target seconds over predicted, and observed draft seconds per drafted
-    token. After ``probe_every`` plain steps in a row one block is drafted anyway, so a
-    text that becomes predictable again is noticed.
+    token. Each choice is made on a draw from the acceptance posterior (Thompson
+    sampling, its own seeded generator), so an unlucky start does not lock speculation out. After ``probe_every`` plain steps in a row one block is drafted anyway, so a
+    text that becomes predictable again is noticed; each probe that does not win the
+    policy back doubles the wait (up to ``probe_max``), so probing costs little where
+    speculation never pays.
     """
 
     costs: StepCosts
     tracker: AcceptanceTracker
     k_max: int
     probe_every: int = 16
+    probe_max: int = 1024
     smoothing: float = 0.2
     target_scale: float = 1.0
     draft_cost: float = -1.0  # per drafted token; < 0: start from costs.draft
@@ -194,26 +211,36 @@ class CostModelK:
     chosen: list[int] = field(default_factory=list)
     predicted_tokens: float = 0.0
     predicted_s: float = 0.0
+    seed: int = 0
     _plain_run: int = 0
-    _last: tuple[int, float, float] = (0, 1.0, 0.0)
+    _probe_wait: int = 0
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
             raise NSDError(f"k_max must be >= 1, got {self.k_max}")
         if self.draft_cost < 0:
             self.draft_cost = self.costs.draft
+        self._probe_wait = self.probe_every
+        self._rng = random.Random(self.seed)
 
     def next_k(self, remaining: int) -> int:
         k_cap = max(0, min(self.k_max, remaining - 1))
-        probe = self._plain_run >= self.probe_every and k_cap > 0
-        choice = best_k(self.costs, self.tracker.rates(), k_cap, self.overhead_s,
-                        self.target_scale, self.draft_cost, k_min=1 if probe else 0)
-        self._last = choice
+        alpha = self.tracker.sample(self._rng)
+        choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
+                        self.draft_cost)
+        if choice[0] > 0:
+            self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
+        elif self._plain_run >= self._probe_wait and k_cap > 0:
+            choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
+                            self.draft_cost, k_min=1)
+            self._probe_wait = min(2 * self._probe_wait, self.probe_max)
         self._plain_run = self._plain_run + 1 if choice[0] == 0 else 0
-        self.chosen.append(choice[0])
-        self.predicted_tokens += choice[1]
+        k = choice[0]
+        self.chosen.append(k)
+        # The prediction reported uses the posterior mean, not the draw the choice used.
+        self.predicted_tokens += expected_tokens(self.tracker.rates(), k)
         self.predicted_s += choice[2]
-        return choice[0]
+        return k
 
     def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
                 overhead_s: float) -> None:
@@ -225,6 +252,9 @@ class CostModelK:
             self.draft_cost += s * (propose_s / drafted - self.draft_cost)
             self.overhead_s += s * (overhead_s - self.overhead_s)
             self.tracker.update(drafted, accepted)
+            if accepted > 0:
+                # Drafts are being accepted: whatever made us stop speculating may be over.
+                self._probe_wait = self.probe_every
 
     @property
     def predicted_tokens_per_s(self) -> float:
