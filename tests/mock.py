@@ -49,21 +49,28 @@ class MockLM:
         self._tokens = []
 
 
-class MockTokenizer:
-    """A byte-level tokenizer over a small vocabulary, no files or downloads: each UTF-8
-    byte maps to ``byte % (vocab_size - 1) + 1``; id 0 is reserved. Enough for Engine tests."""
+def cycle_lm(vocab_size: int, margin: float = 20.0) -> MockLM:
+    """A target whose greedy continuation of token ``i`` is ``i + 1`` (mod V), by ``margin``
+    logits over every other token: periodic text that n-gram lookup drafts far ahead."""
+    lm = MockLM(vocab_size=vocab_size)
+    lm.table = torch.zeros(vocab_size, vocab_size, vocab_size)
+    nxt = (torch.arange(vocab_size) + 1) % vocab_size
+    lm.table[:, torch.arange(vocab_size), nxt] = margin
+    return lm
 
+
+class CharTokenizer:
+    """Token ``i`` <-> the ``i``-th character of ``alphabet``: enough of a Hugging Face
+    tokenizer for :class:`nsd.api.Engine`."""
+
+    eos_token_id = None
     chat_template = None
 
-    def __init__(self, vocab_size: int = 16, eos_token_id: int | None = None) -> None:
-        self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id
+    def __init__(self, alphabet: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") -> None:
+        self.alphabet = alphabet
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [b % (self.vocab_size - 1) + 1 for b in text.encode()]
+        return [self.alphabet.index(c) for c in text]
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return "".join(chr(ord("a") + (i - 1) % 26) for i in ids if i != self.eos_token_id)
-
-    def get_vocab(self) -> dict[str, int]:
-        return {str(i): i for i in range(self.vocab_size)}
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.alphabet[int(t)] for t in tokens)

@@ -4,10 +4,12 @@ model-object API, greedy SD == AR, and a device-clean decoding loop."""
 
 from __future__ import annotations
 
+import string
+
 import pytest
 import torch
 
-from mock import MockLM, MockTokenizer
+from mock import CharTokenizer, MockLM
 from nsd.api import BackendOptions, Engine, GenerationConfig
 from nsd.backends.hf import HFBackend, resolve_device, resolve_dtype
 from nsd.decode import DecodeConfig, decode, run_to_end
@@ -129,7 +131,7 @@ def test_from_model_refuses_training_mode() -> None:
 
 def test_engine_from_models_greedy_sd_equals_ar(target_model) -> None:
     draft_model = tiny_qwen2(seed=0, layers=1)  # shares the target's embeddings' seed: some agreement
-    engine = Engine.from_models(target_model, MockTokenizer(VOCAB), draft_model=draft_model, max_len=128)
+    engine = Engine.from_models(target_model, CharTokenizer(string.printable[:VOCAB]), draft_model=draft_model, max_len=128)
     assert isinstance(engine.target, HFBackend) and engine.target.cache is not None
     prompt = "def f(x):"
     ar = engine.generate(prompt, GenerationConfig(method="ar", max_new_tokens=40))
@@ -141,18 +143,18 @@ def test_engine_from_models_greedy_sd_equals_ar(target_model) -> None:
     # Greedy: every relaxed accept swaps the argmax for another nucleus token, E = 1 each.
     assert nsd.stats.deviation == pytest.approx(nsd.stats.relaxed_accepts)
     assert nsd.stats.accepted_tokens >= sd.stats.accepted_tokens or nsd.stats.relaxed_accepts > 0
-    self_draft = Engine.from_models(target_model, MockTokenizer(VOCAB), draft_model=target_model)
+    self_draft = Engine.from_models(target_model, CharTokenizer(string.printable[:VOCAB]), draft_model=target_model)
     same = self_draft.generate(prompt, GenerationConfig(method="sd", k=4, max_new_tokens=20))
     assert same.token_ids == ar.token_ids[:20]
     assert same.stats.accepted_tokens == same.stats.drafted_tokens
 
 
 def test_engine_from_models_accepts_backends() -> None:
-    engine = Engine.from_models(MockLM(seed=1), MockTokenizer(), proposer="ngram")
+    engine = Engine.from_models(MockLM(seed=1), CharTokenizer(), proposer="ngram")
     result = engine.generate("abcabcabc", GenerationConfig(method="sd", max_new_tokens=12))
     assert len(result.token_ids) == 12
     with pytest.raises(NSDError, match="draft"):
-        Engine.from_models(MockLM(), MockTokenizer(), proposer="draft")
+        Engine.from_models(MockLM(), CharTokenizer(), proposer="draft")
 
 
 def test_decoding_loop_creates_no_default_device_tensors() -> None:

@@ -19,6 +19,7 @@ import torch
 
 from nsd.backends.kv_cache import StaticKVCache, causal_mask, static_cache_supported
 from nsd.errors import NSDError
+from nsd.model_files import check_hf_folder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda")
@@ -75,10 +76,13 @@ class HFBackend:
         target_dtype = resolve_dtype(dtype, target_device)
         if n_threads:
             torch.set_num_threads(n_threads)
+        # Missing or truncated weight files, named, before transformers trips over them.
+        check_hf_folder(Path(model_dir), tokenizer=False)
         try:
             model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=target_dtype)
-        except (OSError, ValueError) as exc:
-            raise NSDError(f"could not load a causal LM from {model_dir}: {exc}") from exc
+        except Exception as exc:  # what the checks cannot see: transformers names it
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise NSDError(f"could not load a causal LM from {model_dir}: {reason}") from exc
         self._setup(model.to(target_device).eval(), max_len, compile)
 
     @classmethod
