@@ -221,3 +221,28 @@ def test_stop_strings_compare_the_visible_output(tmp_path: Path) -> None:
     assert ar["output_ids"] == sd["output_ids"]
     assert len(sd["output_ids"]) <= len(sd["token_ids"])
     assert sd["tokens_per_s"] == pytest.approx(len(sd["output_ids"]) / sd["stats"]["wall_s"])
+
+
+def test_k_variants_are_labelled_and_paired_with_their_sd(tmp_path: Path) -> None:
+    specs = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"], ks=["auto", 2])
+    labels = [s.label for s in specs]
+    assert labels == ["ar", "sd/draft/k=auto", "sd/draft/k=2", "nsd@0.9/draft/k=auto", "nsd@0.9/draft/k=2"]
+    by = {s.label: s for s in specs}
+    assert by["nsd@0.9/draft/k=2"].sd_baseline == "sd/draft/k=2"
+    assert by["nsd@0.9/draft/k=2"].generation_config(GenerationConfig()).k == 2
+    assert by["sd/draft/k=auto"].generation_config(GenerationConfig(k=3)).k == "auto"
+    with pytest.raises(NSDError, match="draft lengths"):
+        expand_methods(["sd"], [0.9], [], ["draft"], ks=[0])
+    # -k auto in the loop: the report carries the chosen k's and the cost breakdown.
+    config = RunConfig(methods=specs, generation=GenerationConfig(max_new_tokens=8, k_max=3), warmup=False)
+    records = BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:2])
+    auto = [r for r in records if r["method"] == "sd/draft/k=auto"]
+    assert auto and all(r["stats"]["k_per_pass"] for r in auto)
+    # Fixed k = 2, shortened only where fewer tokens remain to generate.
+    assert all(r["stats"]["k_per_pass"][0] == 2 and set(r["stats"]["k_per_pass"]) <= {1, 2}
+               for r in records if r["method"] == "sd/draft/k=2")
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 8, "temperature": 0.0, "k": "auto"}}
+    summary, text = write_report(tmp_path, records, specs, settings, max_other_cpu=0.25)
+    assert "Cost breakdown per target pass" in text
+    assert 1.0 < {r["method"]: r["mean_k"] for r in summary}["sd/draft/k=2"] <= 2.0

@@ -8,6 +8,9 @@ verifying 5 tokens cost 1.4 steps, on another 2.7), so it is measured, never tab
 A measurement takes a few seconds and is cached under ``calibration/`` in the nsd cache,
 keyed by everything that changes it: CPU model and flags, the model file (path, size,
 modification time), the backend and its version, thread count, and the context length.
+Costs measured while other processes kept the cores busy are used for that run only and
+never cached: on two cores a busy neighbour can make a step several times slower, and a
+table of such numbers would mislead every later run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nsd.backends.base import ModelBackend
+from nsd.load import LoadMonitor
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
 REPEATS = 3
@@ -125,7 +129,13 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
     if not quiet:
         print(f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
               file=sys.stderr)
-    costs = measure(backend, n_max)
+    with LoadMonitor().measure() as load:
+        costs = measure(backend, n_max)
+    if load.sample.flagged:
+        print(f"nsd: the machine is busy ({100 * load.sample.other_cpu:.0f}% of the cores used by "
+              "other processes): these step costs serve this run only and are not cached",
+              file=sys.stderr)
+        return Calibration(costs, key, cached=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"key": key, "costs": list(costs)}, indent=1))
