@@ -25,7 +25,7 @@ NOTHING_RELAXED = (EXACT, RuleConfig(kind="nucleus", theta=0.0),
 
 
 def ragged_case(seed: int, mode: str, with_q: bool, batch: int = 12, max_k: int = 5,
-                vocab: int = 32) -> dict:
+                vocab: int = 32, padded_draft: bool = True) -> dict:
     """A random ragged batch in vLLM's layout; some requests seeded, some without drafts."""
     gen = torch.Generator().manual_seed(seed)
     counts = torch.randint(0, max_k + 1, (batch,), generator=gen).tolist()
@@ -40,7 +40,7 @@ def ragged_case(seed: int, mode: str, with_q: bool, batch: int = 12, max_k: int 
         # Deterministic proposals: often the argmax, otherwise a likely token.
         top2 = logits.topk(2, dim=-1).indices
         drafts = top2[torch.arange(num_tokens), torch.randint(0, 2, (num_tokens,), generator=gen)]
-    if num_tokens > 3:
+    if padded_draft and num_tokens > 3:
         drafts[3] = -1  # a padded draft, which the engine must reject
     if mode == "greedy":
         greedy = [True] * batch
@@ -72,30 +72,33 @@ def metadata(case: dict) -> SimpleNamespace:
 
 
 def run_nsd(rule: RuleConfig, case: dict, seed: int, spent: torch.Tensor | None = None,
-            meta: SimpleNamespace | None = None):
+            meta: SimpleNamespace | None = None, float32_uniforms: bool = False):
     meta = meta or metadata(case)
     torch.manual_seed(seed)
     return nsd_rejection_sample(rule, case["draft_token_ids"], case["num_draft_tokens"],
                                 case["max_spec_len"], case["cu_num_draft_tokens"], case["draft_probs"],
-                                case["target_logits"].clone(), case["bonus_token_ids"], meta, spent)
+                                case["target_logits"].clone(), case["bonus_token_ids"], meta, spent,
+                                float32_uniforms=float32_uniforms)
 
 
-def run_reference(case: dict, seed: int) -> torch.Tensor:
+def run_reference(case: dict, seed: int, float32_uniforms: bool = False) -> torch.Tensor:
     torch.manual_seed(seed)
     return stock_rejection_sample(case["draft_token_ids"], case["num_draft_tokens"], case["max_spec_len"],
                                   case["draft_probs"], case["target_logits"].clone(),
-                                  case["bonus_token_ids"], case["greedy"], metadata(case).generators)
+                                  case["bonus_token_ids"], case["greedy"], metadata(case).generators,
+                                  float32_uniforms)
 
 
 @pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
 @pytest.mark.parametrize("with_q", [False, True])
-def test_rules_that_relax_nothing_equal_the_stock_rule_bit_for_bit(mode: str, with_q: bool) -> None:
+@pytest.mark.parametrize("f32", [False, True], ids=["gpu-uniforms", "cpu-uniforms"])
+def test_rules_that_relax_nothing_equal_the_stock_rule_bit_for_bit(mode: str, with_q: bool, f32: bool) -> None:
     relaxed_more = 0
     for trial in range(6):
         case = ragged_case(10 * trial + 1, mode, with_q)
-        ref = run_reference(case, seed=trial)
+        ref = run_reference(case, seed=trial, float32_uniforms=f32)
         for rule in NOTHING_RELAXED:
-            res = run_nsd(rule, case, seed=trial)
+            res = run_nsd(rule, case, seed=trial, float32_uniforms=f32)
             assert res.output_token_ids.dtype == torch.int32
             assert torch.equal(res.output_token_ids, ref), (rule, res.output_token_ids, ref)
             assert torch.all(res.deviation == 0) and not res.relaxed.any()

@@ -28,6 +28,7 @@ def stock_rejection_sample(
     bonus_token_ids: torch.Tensor,  # [B, 1]
     is_greedy: list[bool],  # [B]
     generators: dict[int, torch.Generator],
+    float32_uniforms: bool = False,  # vLLM's CPU kernel compares with float32(u)
 ) -> torch.Tensor:
     batch, vocab = len(num_draft_tokens), target_logits.shape[-1]
     num_tokens = draft_token_ids.shape[0]
@@ -41,6 +42,8 @@ def stock_rejection_sample(
             if n and b in generators:
                 uniforms[start:start + n].uniform_(generator=generators[b])
             start += n
+        if float32_uniforms:
+            uniforms = uniforms.float().double()
     argmax = target_logits.argmax(dim=-1)
     if not all_greedy:
         probs = target_logits.softmax(dim=-1, dtype=torch.float32)

@@ -75,8 +75,14 @@ def nsd_rejection_sample(
     sampling_metadata: Any,
     spent: torch.Tensor | None = None,  # [B] float64 per-request deviation spent so far
     use_fp64_gumbel: bool = False,
+    float32_uniforms: bool = False,
 ) -> RaggedVerifyResult:
-    """The stock function's arguments in, nsd's ragged result out (see module docstring)."""
+    """The stock function's arguments in, nsd's ragged result out (see module docstring).
+
+    ``float32_uniforms``: vLLM's CPU fallback kernel compares against the uniforms rounded
+    to float32 (its Triton kernel on GPUs keeps float64); the plugin sets this on CPU so
+    that nothing-relaxed stays bit-identical there too.
+    """
     device = target_logits.device
     num_tokens = draft_token_ids.shape[0]
     batch = len(num_draft_tokens)
@@ -89,6 +95,8 @@ def nsd_rejection_sample(
     uniforms = None
     if not sampling_metadata.all_greedy:
         uniforms = draw_accept_uniforms(num_tokens, num_draft_tokens, generators, device)
+        if float32_uniforms:
+            uniforms = uniforms.float().double()
     target_argmax = target_logits.argmax(dim=-1)
     # For greedy requests this is the temperature-1 softmax: the plausibility p̂.
     target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
