@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -30,6 +30,10 @@ class RequestFidelity:
     relaxed: int = 0
     steps: int = 0  # verification steps (target passes with drafts)
     tokens: int = 0  # tokens emitted by those steps
+    # Per draft position i: steps whose block reached i (all earlier drafts accepted), and
+    # steps that accepted the draft at i.
+    position_reached: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -81,6 +85,14 @@ class FidelityLedger:
                 state.drafted += int(drafted)
                 state.steps += 1
                 state.tokens += int(emitted)
+                accepted = int(emitted) - 1
+                grow = int(drafted) - len(state.position_reached)
+                if grow > 0:
+                    state.position_reached += [0] * grow
+                    state.position_accepted += [0] * grow
+                for i in range(min(accepted + 1, int(drafted))):
+                    state.position_reached[i] += 1
+                    state.position_accepted[i] += int(i < accepted)
                 if self._metrics is not None:
                     self._metrics.on_step(int(rel), dev, int(emitted))
         self._pending.clear()
