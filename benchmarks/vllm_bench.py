@@ -33,7 +33,8 @@ def build(spec: dict | None, report: Path, args: argparse.Namespace):
 
     extra = {"nsd": {"rule": "exact", "report": str(report), "log_requests": False}} if spec else {}
     return vllm.LLM(model=str(MODELS / args.target / "hf"), dtype="bfloat16", max_model_len=2048,
-                    seed=0, gpu_memory_utilization=0.1, speculative_config=spec, additional_config=extra)
+                    seed=0, kv_cache_memory_bytes=1 << 30, compilation_config={"mode": 0},
+                    speculative_config=spec, additional_config=extra)
 
 
 def texts_for(llm, prompts) -> list[str]:

@@ -38,7 +38,7 @@ if not (TARGET / "config.json").is_file() and (DRAFT / "config.json").is_file():
 def engine(tmp_path_factory: pytest.TempPathFactory):
     report = tmp_path_factory.mktemp("nsd") / "requests.jsonl"
     llm = vllm.LLM(model=str(TARGET), dtype="bfloat16", max_model_len=1024, seed=0,
-                   gpu_memory_utilization=0.3,
+                   kv_cache_memory_bytes=1 << 30, compilation_config={"mode": 0},  # eager: seconds to start, not minutes
                    speculative_config={"method": "draft_model", "model": str(DRAFT),
                                        "num_speculative_tokens": 4},
                    additional_config={"nsd": {"rule": "nucleus", "theta": 0.9, "report": str(report)}})
