@@ -5,7 +5,6 @@ from __future__ import annotations
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
 from nsd.compare import run_compare
-from nsd.proposers.ngram import NgramConfig
 
 
 class _Tok:
@@ -17,10 +16,8 @@ class _Tok:
 
 
 def test_compare_table_rows_and_tau() -> None:
-    engine = Engine.__new__(Engine)  # mock models instead of loading real weights
-    engine.target, engine.draft, engine.tokenizer = MockLM(seed=1), MockLM(seed=1), _Tok()
-    engine.proposer_kind, engine.ngram, engine.eos_token_ids = "draft", NgramConfig(), ()
-    engine.draft_vocab_map = None
+    # Mock models instead of loading real weights.
+    engine = Engine.from_backends(MockLM(seed=1), _Tok(), MockLM(seed=1), eos_token_ids=())
     configs = [GenerationConfig(method=m, max_new_tokens=20, k=4) for m in ("ar", "sd", "nsd")]
     table = run_compare(engine, ["abc", "hello"], configs).splitlines()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}

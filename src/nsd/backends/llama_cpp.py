@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
+from nsd.model_files import check_gguf
 
 _INSTALL_HINT = (
     "the llama.cpp backend needs llama-cpp-python, built for this CPU; run "
@@ -115,6 +116,7 @@ class LlamaCppBackend:
         path = Path(gguf_path)
         if not path.is_file():
             raise NSDError(f"GGUF model file not found: {path}")
+        check_gguf(path)  # a clear message for a damaged file, before llama.cpp sees it
         if n_ctx < 1:
             raise NSDError(f"n_ctx must be positive, got {n_ctx}")
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
@@ -136,8 +138,10 @@ class LlamaCppBackend:
         finally:
             held, _log.held = _log.held, None
         if not self._model:
-            detail = "".join(held).strip() or "not a valid GGUF model?"
-            raise NSDError(f"llama.cpp could not load {path}: {detail}")
+            # One line: llama.cpp's held log lines, joined; an unknown architecture or
+            # tensor type is named there.
+            detail = "; ".join(line.strip() for line in held if line.strip())
+            raise NSDError(f"llama.cpp could not load {path}: {detail or 'not a valid GGUF model?'}")
 
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx
