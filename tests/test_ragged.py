@@ -1,7 +1,7 @@
 """nsd's rule on vLLM's flattened ragged layout, without vLLM.
 
 The stock behaviour is pinned by ``vllm_stock_reference`` (a per-token reference written
-from vLLM 0.32's source); ``tests/vllm/`` repeats the equivalence check against the real
+from vLLM 0.32's source); ``tests/in_vllm/`` repeats the equivalence check against the real
 stock function when vLLM is installed.
 """
 

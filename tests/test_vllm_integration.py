@@ -1,4 +1,4 @@
-"""Runs tests/vllm/ with the vLLM venv's interpreter, when that venv exists.
+"""Runs tests/in_vllm/ with the vLLM venv's interpreter, when that venv exists.
 
 vLLM pins its own torch, so it lives in ``.venv-vllm`` (scripts/install_vllm.sh), not in
 nsd's venv; its tests run there as a subprocess and report back through pytest's exit
@@ -26,7 +26,7 @@ def test_vllm_suite_in_its_own_venv() -> None:
                            capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, f".venv-vllm exists but cannot import vllm + nsd:\n{probe.stderr[-3000:]}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
-    run = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-rs", "-s", str(ROOT / "tests" / "vllm")],
+    run = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-rs", "-s", str(ROOT / "tests" / "in_vllm")],
                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     sys.stdout.write(run.stdout[-6000:])
     assert run.returncode == 0, f"vLLM tests failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
