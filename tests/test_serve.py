@@ -4,11 +4,13 @@ input answered with its status and an OpenAI error object, API keys, metrics."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
 
 from nsd.api import GenerationConfig
+from nsd.cli import main
 from nsd.serve import ServerConfig
 from serve_support import mock_engine, running_server, sse_events
 
@@ -257,3 +259,24 @@ def test_usage_is_json_serialisable_numbers(server) -> None:
     client, _ = server
     body = _completion(client, max_tokens=4).json()
     json.dumps(body, allow_nan=False)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--theta", "1.5"], "theta"),
+    (["--queue-size", "-1"], "queue size"),
+    (["--request-timeout", "0"], "request timeout"),
+    (["--port", "70000"], "port"),
+])
+def test_cli_serve_bad_flags_exit_2(flags, message, capsys) -> None:
+    assert main(["serve", "--target", "smollm2-135m-instruct", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_serve_port_in_use_fails_before_loading(capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--target", "no-such-model-would-fail-later", "--port", str(port)]) == 2
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
