@@ -280,3 +280,16 @@ def test_cli_serve_port_in_use_fails_before_loading(capsys) -> None:
         port = taken.getsockname()[1]
         assert main(["serve", "--target", "no-such-model-would-fail-later", "--port", str(port)]) == 2
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def test_engine_encodes_a_conversation() -> None:
+    from nsd.errors import NSDError
+
+    engine = mock_engine()
+    convo = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert engine.encode(convo) == engine.tokenizer.encode("<system>s<user>u<assistant>")
+    assert engine.encode("u", chat=True, system="s") == engine.encode(convo)
+    with pytest.raises(NSDError, match="role"):
+        engine.encode([{"role": "tool", "content": "x"}])
+    with pytest.raises(NSDError, match="empty"):
+        engine.encode([{"role": "user", "content": " "}])

@@ -198,7 +198,7 @@ class Engine:
         if not any(m["content"].strip() for m in messages):
             raise NSDError("the prompt is empty")
         if not getattr(self.tokenizer, "chat_template", None):
-            raise NSDError("this model's tokenizer has no chat template; drop --chat")
+            raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
         clean = [{"role": m["role"], "content": m["content"]} for m in messages]
         text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
