@@ -45,6 +45,7 @@ class Sample:
     per_token_s: float | None = None  # None when fewer than two chunks arrived
     total_s: float = 0.0
     tokens: int = 0
+    tau: float | None = None  # the server's mean accepted length for this request
 
 
 def one_request(client: httpx.Client, url: str, model: str, prompt: str, method: str,
@@ -53,7 +54,7 @@ def one_request(client: httpx.Client, url: str, model: str, prompt: str, method:
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
             "nsd": {"method": method}}
     start = time.perf_counter()
-    first = last = None
+    first = last = tau = None
     tokens = 0
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -67,14 +68,15 @@ def one_request(client: httpx.Client, url: str, model: str, prompt: str, method:
                 return Sample(500)
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
+                tau = event["usage"]["nsd"]["tau"]
             elif event["choices"] and event["choices"][0]["delta"].get("content"):
                 last = time.perf_counter()
                 first = first or last
     end = time.perf_counter()
     if first is None:
-        return Sample(200, end - start, None, end - start, tokens)
+        return Sample(200, end - start, None, end - start, tokens, tau)
     per_token = (last - first) / (tokens - 1) if tokens > 1 and last > first else None
-    return Sample(200, first - start, per_token, end - start, tokens)
+    return Sample(200, first - start, per_token, end - start, tokens, tau)
 
 
 def run_level(url: str, model: str, method: str, clients: int, requests: int,
@@ -104,7 +106,8 @@ def summarize(method: str, clients: int, samples: list[Sample], wall_s: float) -
     row = {"method": method, "clients": clients, "requests": len(samples), "ok": len(ok),
            "rejected_429": sum(s.status == 429 for s in samples),
            "failed": sum(s.status not in (200, 429) for s in samples),
-           "requests_per_s": len(ok) / wall_s, "tokens_per_s": sum(s.tokens for s in ok) / wall_s}
+           "requests_per_s": len(ok) / wall_s, "tokens_per_s": sum(s.tokens for s in ok) / wall_s,
+           "tau_median": statistics.median(s.tau for s in ok) if ok else None}
     for name, values in (("ttft_s", ttft), ("per_token_s", tpot)):
         for q in (50, 90, 99):
             row[f"{name}_p{q}"] = percentile(values, q) if values else None
@@ -114,11 +117,12 @@ def summarize(method: str, clients: int, samples: list[Sample], wall_s: float) -
 def table(rows: list[dict]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{1e3 * v:.0f}"
-    out = ["| method | clients | ok / sent | 429 | req/s | tok/s | TTFT p50 / p90 / p99 (ms) | "
-           "per-token p50 / p90 / p99 (ms) |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| method | clients | ok / sent | 429 | req/s | tok/s | τ | TTFT p50 / p90 / p99 (ms) | "
+           "per-token p50 / p90 / p99 (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['method']} | {r['clients']} | {r['ok']} / {r['requests']} | "
                    f"{r['rejected_429']} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} | "
+                   f"{'-' if r['tau_median'] is None else format(r['tau_median'], '.2f')} | "
                    f"{ms(r['ttft_s_p50'])} / {ms(r['ttft_s_p90'])} / {ms(r['ttft_s_p99'])} | "
                    f"{ms(r['per_token_s_p50'])} / {ms(r['per_token_s_p90'])} / {ms(r['per_token_s_p99'])} |")
     return "\n".join(out)
