@@ -47,3 +47,30 @@ class MockLM:
 
     def reset(self) -> None:
         self._tokens = []
+
+
+def cycle_lm(vocab_size: int, margin: float = 20.0) -> MockLM:
+    """A target whose greedy continuation of token ``i`` is ``i + 1`` (mod V), by ``margin``
+    logits over every other token: periodic text that n-gram lookup drafts far ahead."""
+    lm = MockLM(vocab_size=vocab_size)
+    lm.table = torch.zeros(vocab_size, vocab_size, vocab_size)
+    nxt = (torch.arange(vocab_size) + 1) % vocab_size
+    lm.table[:, torch.arange(vocab_size), nxt] = margin
+    return lm
+
+
+class CharTokenizer:
+    """Token ``i`` <-> the ``i``-th character of ``alphabet``: enough of a Hugging Face
+    tokenizer for :class:`nsd.api.Engine`."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def __init__(self, alphabet: str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") -> None:
+        self.alphabet = alphabet
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self.alphabet.index(c) for c in text]
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.alphabet[int(t)] for t in tokens)

@@ -13,7 +13,6 @@ import uvicorn
 
 from mock import MockLM
 from nsd.api import Engine
-from nsd.proposers.ngram import NgramConfig
 from nsd.serve import ServerConfig, create_app
 from nsd.serve.server import bind_socket
 
@@ -50,12 +49,9 @@ class SlowLM(MockLM):
 
 
 def mock_engine(delay: float = 0.0, n_ctx: int | None = None) -> Engine:
-    engine = Engine.__new__(Engine)  # mock models instead of loading real weights
-    engine.target = SlowLM(delay=delay, n_ctx=n_ctx, vocab_size=16, seed=2)
-    engine.draft, engine.tokenizer = None, MockTokenizer()
-    engine.proposer_kind, engine.ngram, engine.eos_token_ids = "ngram", NgramConfig(), ()
-    engine.draft_vocab_map = None
-    return engine
+    """An engine over the slow mock LM (n-gram proposer) and the letter tokenizer."""
+    target = SlowLM(delay=delay, n_ctx=n_ctx, vocab_size=16, seed=2)
+    return Engine.from_backends(target, MockTokenizer(), proposer="ngram", eos_token_ids=())
 
 
 @contextlib.contextmanager

@@ -41,16 +41,10 @@ class LetterTokenizer:
 
 def fake_engine() -> Engine:
     """A real :class:`Engine` whose models are mock LMs (no weights loaded)."""
-    engine = Engine.__new__(Engine)
-    engine.target = MockLM(vocab_size=VOCAB, seed=0)
     draft = MockLM(vocab_size=VOCAB, seed=0, sharpness=1.5)
     draft.table += torch.randn(draft.table.shape, generator=torch.Generator().manual_seed(1))
-    engine.draft = draft
-    engine.tokenizer = LetterTokenizer()
-    engine.proposer_kind = "draft"
-    engine.ngram = NgramConfig()
-    engine.eos_token_ids = ()
-    engine.draft_vocab_map = None
+    engine = Engine.from_backends(MockLM(vocab_size=VOCAB, seed=0), LetterTokenizer(), draft,
+                                  eos_token_ids=())
     engine.calls = 0
     generate = engine.generate
 
@@ -66,7 +60,7 @@ PROMPTS = [BenchPrompt(uid=f"toy:{i}", dataset="toy", category="even" if i % 2 =
                        text=text, chat=False) for i, text in enumerate(["abcab", "hello there", "xyzxyz"])]
 METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.9], [1.0],
                          ["draft", "ngram"])
-CONFIG = RunConfig(methods=METHODS, generation=GenerationConfig(max_new_tokens=12), warmup=False)
+CONFIG = RunConfig(methods=METHODS, generation=GenerationConfig(max_new_tokens=12, k=4), warmup=False)
 SETTINGS = {"target": "mock", "generation": {"max_new_tokens": 12}}
 
 
@@ -108,7 +102,7 @@ def test_run_grid_and_resume(tmp_path: Path) -> None:
 
 
 def test_resume_skips_only_journaled_records(tmp_path: Path) -> None:
-    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=6), warmup=False)
+    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=6, k=4), warmup=False)
     journal = Journal(tmp_path, SETTINGS)
     BenchRunner(fake_engine(), config, journal, progress=False).run(PROMPTS[:1])
     # Simulate a crash mid-write: a torn last line is dropped, not fatal.
@@ -123,7 +117,7 @@ def test_resume_skips_only_journaled_records(tmp_path: Path) -> None:
 
 
 def test_different_settings_are_refused_unless_overwrite(tmp_path: Path) -> None:
-    config = RunConfig(methods=METHODS[:1], generation=GenerationConfig(max_new_tokens=4), warmup=False)
+    config = RunConfig(methods=METHODS[:1], generation=GenerationConfig(max_new_tokens=4, k=4), warmup=False)
     BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
     other = {**SETTINGS, "target": "another-model"}
     with pytest.raises(NSDError, match=r"different settings \(target: 'mock' -> 'another-model'\).*--overwrite"):
@@ -133,7 +127,7 @@ def test_different_settings_are_refused_unless_overwrite(tmp_path: Path) -> None
 
 
 def test_warmup_is_not_recorded(tmp_path: Path) -> None:
-    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=4), warmup=True)
+    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=4, k=4), warmup=True)
     engine = fake_engine()
     records = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
     assert len(records) == 3 and engine.calls == 3 + 3  # ar, sd/draft, sd/ngram paths warmed
@@ -142,7 +136,7 @@ def test_warmup_is_not_recorded(tmp_path: Path) -> None:
 def test_draft_proposer_needs_a_draft(tmp_path: Path) -> None:
     engine = fake_engine()
     engine.draft = None
-    config = RunConfig(methods=METHODS[1:2], generation=GenerationConfig(max_new_tokens=4), warmup=False)
+    config = RunConfig(methods=METHODS[1:2], generation=GenerationConfig(max_new_tokens=4, k=4), warmup=False)
     with pytest.raises(NSDError, match="draft proposer needs a draft model"):
         BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
 
@@ -220,10 +214,35 @@ def test_stop_strings_compare_the_visible_output(tmp_path: Path) -> None:
     full = engine.generate(engine.encode(prompt.text), GenerationConfig(method="ar", max_new_tokens=16)).text
     stop = full[6:8]
     config = RunConfig(methods=expand_methods(["ar", "sd"], [], [], ["draft"]), warmup=False,
-                       generation=GenerationConfig(max_new_tokens=16, stop=(stop,)))
+                       generation=GenerationConfig(max_new_tokens=16, k=4, stop=(stop,)))
     ar, sd = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run([prompt])
     assert ar["stats"]["stop_reason"] == sd["stats"]["stop_reason"] == "stop"
     assert ar["text"] == sd["text"] == full[:full.find(stop)]
     assert ar["output_ids"] == sd["output_ids"]
     assert len(sd["output_ids"]) <= len(sd["token_ids"])
     assert sd["tokens_per_s"] == pytest.approx(len(sd["output_ids"]) / sd["stats"]["wall_s"])
+
+
+def test_k_variants_are_labelled_and_paired_with_their_sd(tmp_path: Path) -> None:
+    specs = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"], ks=["auto", 2])
+    labels = [s.label for s in specs]
+    assert labels == ["ar", "sd/draft/k=auto", "sd/draft/k=2", "nsd@0.9/draft/k=auto", "nsd@0.9/draft/k=2"]
+    by = {s.label: s for s in specs}
+    assert by["nsd@0.9/draft/k=2"].sd_baseline == "sd/draft/k=2"
+    assert by["nsd@0.9/draft/k=2"].generation_config(GenerationConfig()).k == 2
+    assert by["sd/draft/k=auto"].generation_config(GenerationConfig(k=3)).k == "auto"
+    with pytest.raises(NSDError, match="draft lengths"):
+        expand_methods(["sd"], [0.9], [], ["draft"], ks=[0])
+    # -k auto in the loop: the report carries the chosen k's and the cost breakdown.
+    config = RunConfig(methods=specs, generation=GenerationConfig(max_new_tokens=8, k_max=3), warmup=False)
+    records = BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:2])
+    auto = [r for r in records if r["method"] == "sd/draft/k=auto"]
+    assert auto and all(r["stats"]["k_per_pass"] for r in auto)
+    # Fixed k = 2, shortened only where fewer tokens remain to generate.
+    assert all(r["stats"]["k_per_pass"][0] == 2 and set(r["stats"]["k_per_pass"]) <= {0, 1, 2}
+               for r in records if r["method"] == "sd/draft/k=2")
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 8, "temperature": 0.0, "k": "auto"}}
+    summary, text = write_report(tmp_path, records, specs, settings, max_other_cpu=0.25)
+    assert "Cost breakdown per target pass" in text
+    assert 1.0 < {r["method"]: r["mean_k"] for r in summary}["sd/draft/k=2"] <= 2.0

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from nsd.cli import main
+from nsd.api import GenerationConfig
+from nsd.cli import build_parser, main
+from nsd.verify import RuleConfig
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -43,3 +45,87 @@ def test_models_list_runs(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
         assert name in out
+
+
+def test_typical_acceptance_defaults_are_medusas() -> None:
+    # Medusa accepts p(x) > min(ε, δ·exp(−H)) with ε = posterior_threshold = 0.09 and
+    # δ = posterior_alpha = 0.3; every layer must default to that pair, not the swap.
+    assert (RuleConfig().epsilon, RuleConfig().typical_delta) == (0.09, 0.3)
+    config = GenerationConfig()
+    assert (config.typical_epsilon, config.typical_delta) == (0.09, 0.3)
+    rule = GenerationConfig(method="typical").rule()
+    assert (rule.epsilon, rule.typical_delta) == (0.09, 0.3)
+    parser = build_parser()
+    for argv in (["generate", "--target", "t"], ["compare", "--target", "t"], ["bench"]):
+        args = parser.parse_args(argv)
+        assert (args.typical_epsilon, args.typical_delta) == (0.09, 0.3), argv
+
+
+# --- damaged model files: one `nsd: error:` line naming the file, exit 2 ----------------
+
+
+def _damaged(kind: str, tmp_path):
+    import json
+    import os
+    import struct
+
+    from gguf_files import metadata_end, write_tiny_gguf
+
+    good = write_tiny_gguf(tmp_path / "good.gguf")
+    raw = good.read_bytes()
+    path = tmp_path / "bad.gguf"
+    if kind.startswith("hf-"):
+        path = tmp_path / "bad-hf"
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        if kind != "hf-no-tokenizer":
+            (path / "tokenizer.json").write_text("{}")
+        if kind != "hf-no-weights":
+            header = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+            (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+        return path, {"hf-no-weights": "no model weights", "hf-no-tokenizer": "no tokenizer"}[kind]
+    if kind == "no-tokenizer":
+        return write_tiny_gguf(path, tokenizer=False), "has no tokenizer"
+    if kind == "unknown-arch":
+        return write_tiny_gguf(path, arch="nosucharch"), "unsupported architecture 'nosucharch'"
+    content, expected = {
+        "cut-header": (raw[:16], "truncated"),
+        "cut-metadata": (raw[:metadata_end(good) - 30], "truncated"),
+        "cut-data": (raw[:len(raw) - 4000], "truncated"),
+        "wrong-magic": (b"GGML" + raw[4:], "not a GGUF file"),
+        "zero-bytes": (b"", "empty"),
+        "random-bytes": (os.urandom(4096).replace(b"G", b"g"), "not a GGUF file"),
+    }[kind]
+    path.write_bytes(content)
+    return path, expected
+
+
+@pytest.mark.parametrize("kind", ["cut-header", "cut-metadata", "cut-data", "wrong-magic",
+                                  "zero-bytes", "random-bytes", "no-tokenizer", "unknown-arch",
+                                  "hf-no-weights", "hf-no-tokenizer"])
+def test_damaged_model_file_gives_one_error_line(kind, tmp_path, capsys) -> None:
+    path, expected = _damaged(kind, tmp_path)
+    for backend in ("auto", "hf"):
+        assert main(["generate", "--target", str(path), "--prompt", "hi", "--backend", backend]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("nsd: error: ") and err.count("\n") == 1, err
+        assert str(path) in err and expected in err and "Traceback" not in err
+
+
+def test_damaged_draft_is_named_too(tmp_path, capsys) -> None:
+    from gguf_files import write_tiny_gguf
+
+    target = write_tiny_gguf(tmp_path / "target.gguf")
+    draft, _ = _damaged("cut-data", tmp_path)
+    assert main(["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hi",
+                 "--backend", "llama"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nsd: error: ") and err.count("\n") == 1
+    assert str(draft) in err and "truncated" in err
+
+
+def test_models_verify_a_damaged_file_path(tmp_path, capsys) -> None:
+    path, _ = _damaged("cut-data", tmp_path)
+    assert main(["models", "verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nsd: error: ") and "truncated" in err and err.count("\n") == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
 from nsd.compare import run_compare
-from nsd.proposers.ngram import NgramConfig
 
 
 class _Tok:
@@ -17,15 +16,20 @@ class _Tok:
 
 
 def test_compare_table_rows_and_tau() -> None:
-    engine = Engine.__new__(Engine)  # mock models instead of loading real weights
-    engine.target, engine.draft, engine.tokenizer = MockLM(seed=1), MockLM(seed=1), _Tok()
-    engine.proposer_kind, engine.ngram, engine.eos_token_ids = "draft", NgramConfig(), ()
-    engine.draft_vocab_map = None
+    # Mock models instead of loading real weights.
+    engine = Engine.from_backends(MockLM(seed=1), _Tok(), MockLM(seed=1), eos_token_ids=())
     configs = [GenerationConfig(method=m, max_new_tokens=20, k=4) for m in ("ar", "sd", "nsd")]
-    table = run_compare(engine, ["abc", "hello"], configs).splitlines()
+    text = run_compare(engine, ["abc", "hello"], configs)
+    assert text.startswith("CPU: ")
+    table = [line for line in text.splitlines() if line.startswith("|")]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}
     assert set(rows) == {"ar", "sd", "nsd"}
-    assert rows["ar"][0] == "40" and rows["ar"][2] == "1.00" and rows["ar"][5] == "1.00x"
+    # Columns: k, tokens, tok/s, tau, acceptance, D/token, vs AR, vs SD.
+    assert rows["ar"][0] == "-" and rows["sd"][0] == "4"
+    assert rows["ar"][1] == "40" and rows["ar"][3] == "1.00" and rows["ar"][6] == "1.00x"
     # Draft = target: every block of 4 drafts + bonus is accepted, 20 tokens in 4 passes.
-    assert rows["sd"][2] == "5.00" and rows["sd"][3] == "1.00" and rows["sd"][6] == "1.00x"
-    assert rows["nsd"][4] == "0.000"
+    assert rows["sd"][3] == "5.00" and rows["sd"][4] == "1.00" and rows["sd"][7] == "1.00x"
+    assert rows["nsd"][5] == "0.000"
+    # -k auto: the column says so, with the mean k the cost model chose.
+    auto = run_compare(engine, ["abc"], [GenerationConfig(method="sd", max_new_tokens=10)])
+    assert "| sd | auto (mean " in auto

@@ -9,9 +9,12 @@ import math
 import pytest
 import torch
 
-from mock import MockLM
-from nsd.decode import AdaptiveK, DecodeConfig, decode, run_to_end
+from mock import CharTokenizer, MockLM, cycle_lm
+from nsd.api import Engine, GenerationConfig, _StopScanner
+from nsd.costmodel import AdaptiveK
+from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
+from nsd.proposers.base import Proposal
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.sampling import SamplingConfig
@@ -155,11 +158,11 @@ def test_ngram_sd_is_lossless_greedy() -> None:
 
 def test_adaptive_k_policy() -> None:
     pol = AdaptiveK(k=4, k_max=6)
-    pol.update(4, 4)
+    pol.observe(4, 4, 4, 0.0, 0.0, 0.0)
     assert pol.k == 6
-    pol.update(6, 6)
+    pol.observe(6, 6, 6, 0.0, 0.0, 0.0)
     assert pol.k == 6
-    pol.update(6, 2)
+    pol.observe(6, 6, 2, 0.0, 0.0, 0.0)
     assert pol.k == 5
     target = MockLM(seed=3)
     _, stats = _run(target, DecodeConfig(sampling=GREEDY, k=2, adaptive_k=True, k_max=8, max_new_tokens=40),
@@ -176,3 +179,94 @@ def test_bad_inputs() -> None:
         DecodeConfig(max_new_tokens=0)
     with pytest.raises(NSDError, match="vocabularies differ"):
         DraftModelProposer(MockLM(vocab_size=8), GREEDY, target_vocab_size=16)
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+def _mock_engine(target: MockLM, tokenizer: CharTokenizer) -> Engine:
+    """A real :class:`Engine` around a mock target and n-gram drafts (no weights loaded)."""
+    return Engine.from_backends(target, tokenizer, proposer="ngram", eos_token_ids=())
+
+
+@pytest.mark.parametrize("k", [3, 30])
+@pytest.mark.parametrize("stop", ["jk", "ij"])
+def test_stop_string_found_however_many_tokens_a_pass_adds(k: int, stop: str) -> None:
+    # Periodic greedy text a..N; the prompt holds one period, then "abcde", so n-gram lookup
+    # drafts up to 30 tokens a pass and the target accepts them all. At k = 30 one pass adds
+    # 31 tokens: a stop string early in it lies outside any fixed-size tail of the output.
+    v = 40
+    tokenizer = CharTokenizer()
+    engine = _mock_engine(cycle_lm(v), tokenizer)
+    prompt = list(range(v)) + list(range(5))
+    result = engine.generate(prompt, GenerationConfig(method="sd", k=k, max_new_tokens=200, stop=(stop,)))
+    stats, tokens = result.stats, result.token_ids
+    assert result.text == {"jk": "fghi", "ij": "fgh"}[stop]
+    assert stats.stop_reason == "stop"
+    assert stats.new_tokens == len(tokens) and len(stats.accepted_per_pass) == stats.target_passes
+    # Generation ends with the pass that completes the stop string, whatever its size.
+    last_pass = stats.accepted_per_pass[-1] + 1
+    assert stop in tokenizer.decode(tokens) and stop not in tokenizer.decode(tokens[:-last_pass])
+    if k == 30:
+        assert stats.target_passes == 1 and stats.new_tokens == 31
+
+
+# --------------------------------------------------------------------------- EOS inside a block
+
+
+class ScriptedProposer:
+    """Deterministic drafts (one-hot q) from a fixed script, whatever the context."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, context, k: int, generator: torch.Generator) -> Proposal:
+        return Proposal(torch.tensor(self.tokens[:k], dtype=torch.long), None)
+
+
+def test_statistics_count_only_tokens_emitted_before_an_accepted_eos() -> None:
+    # Target continues 0 → 1 → 2 …; the 8 drafts all match it and EOS (6) is draft 6 of 8.
+    target = cycle_lm(16)
+    tokens, stats = _run(target, DecodeConfig(sampling=GREEDY, k=8, max_new_tokens=50),
+                         ScriptedProposer([1, 2, 3, 4, 5, 6, 7, 8]), prompt=(0,), eos_token_ids=[6])
+    assert tokens == [1, 2, 3, 4, 5, 6] and stats.stop_reason == "eos"
+    assert stats.new_tokens == 6 and stats.target_passes == 1
+    assert stats.accepted_tokens == 6 and stats.accepted_per_pass == [6]
+    assert stats.drafted_tokens == 6  # drafts after the EOS were never candidates for output
+    assert stats.position_attempts == [1] * 6 and stats.position_accepts == [1] * 6
+    assert stats.acceptance_rate == 1.0
+
+
+def test_deviation_charged_only_for_positions_emitted_before_an_accepted_eos() -> None:
+    # Greedy NSD over a flat-ish target (θ = 0.99 nucleus holds every token): drafts 9 (EOS)
+    # and 14 are not the argmax, so each is a relaxed accept costing E = 1. The EOS is
+    # emitted and pays; draft 14 after it is not emitted and must not.
+    target = cycle_lm(16, margin=3.0)
+    rule = RuleConfig(kind="nucleus", theta=0.99)
+    tokens, stats = _run(target, DecodeConfig(rule=rule, sampling=GREEDY, k=8, max_new_tokens=50),
+                         ScriptedProposer([1, 2, 3, 4, 5, 9, 14, 15]), prompt=(0,), eos_token_ids=[9])
+    assert tokens == [1, 2, 3, 4, 5, 9] and stats.stop_reason == "eos"
+    assert stats.relaxed_accepts == 1
+    assert stats.deviation == 1.0
+    assert stats.accepted_tokens == 6 and stats.accepted_per_pass == [6]
+    # The budget state agrees with the report: B = 1 exactly covers the one emitted charge.
+    tokens, budgeted = _run(target, DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.99, budget=1.0),
+                                                 sampling=GREEDY, k=8, max_new_tokens=50),
+                            ScriptedProposer([1, 2, 3, 4, 5, 9, 14, 15]), prompt=(0,), eos_token_ids=[9])
+    assert tokens == [1, 2, 3, 4, 5, 9] and budgeted.deviation == 1.0 and budgeted.relaxed_accepts == 1
+
+
+def test_stop_scanner_reaches_back_past_tokens_that_decode_to_nothing() -> None:
+    # "j", forty tokens that render as "" (special tokens, byte pieces), then "k" in a later
+    # pass: the straddling stop string lies beyond any fixed number of earlier tokens.
+    class PieceTokenizer:
+        pieces = ["", "j", "k", "x"]
+
+        def decode(self, tokens, skip_special_tokens: bool = False) -> str:
+            return "".join(self.pieces[t] for t in tokens)
+
+    scan = _StopScanner(PieceTokenizer(), ("jk",))
+    generated = [3, 1] + [0] * 40
+    assert not scan(generated)
+    generated += [2]
+    assert scan(generated)

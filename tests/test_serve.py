@@ -121,11 +121,10 @@ def test_stop_string_and_nsd_knobs(server) -> None:
 
 def test_k_auto_is_passed_to_the_library(server) -> None:
     client, _ = server
-    r = _completion(client, max_tokens=6, nsd={"k": "auto"})
-    # Accepted where GenerationConfig knows "auto"; otherwise a 400 that names the field.
-    assert r.status_code in (200, 400)
-    if r.status_code == 400:
-        assert r.json()["error"]["param"] == "nsd.k"
+    r = _completion(client, max_tokens=6, nsd={"k": "auto", "k_max": 3})
+    assert r.status_code == 200
+    stats = r.json()["usage"]["nsd"]
+    assert stats["new_tokens"] == 6 and all(k <= 3 for k in stats["k_per_pass"])
 
 
 BAD = [
@@ -171,6 +170,9 @@ BAD = [
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"budget": -1}}, 400, "nsd.budget", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 0}}, 400, "nsd.k", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "fast"}}, 400, "nsd.k", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 6, "adaptive_k": True,
+                                                                  "k_max": 3}}, 400, "nsd.k_max", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "greedy"}}, 400,
      "nsd.method", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"thta": 0.5}}, 400, "nsd.thta", None),

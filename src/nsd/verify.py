@@ -19,7 +19,8 @@ has total variation ``λ·E`` from ``p``, with ``E = Σ_{y∈S} (q(y) − p(y))�
 ``λ`` per position so the summed deviation never exceeds it.
 
 Everything here is vectorised over a batch ``B`` and the ``k`` draft positions; the only
-Python loop is the budget scan over ``k`` (≤ a few dozen), never over the vocabulary.
+Python loops run over ``k`` (≤ a few dozen: the budget scan and its charge), never over
+the vocabulary.
 Randomness is passed in as float64 uniforms so every rule is a deterministic function of
 its inputs and can be tested exactly.
 """
@@ -62,8 +63,9 @@ class RuleConfig:
     budget: float = math.inf
     cap: float = math.inf
     smooth: bool = False
-    epsilon: float = 0.3
-    typical_delta: float = 0.09
+    # Medusa's defaults: ε = posterior_threshold = 0.09, δ = posterior_alpha = 0.3.
+    epsilon: float = 0.09
+    typical_delta: float = 0.3
 
     def __post_init__(self) -> None:
         if self.kind not in ("exact", "nucleus", "typical"):
@@ -107,31 +109,43 @@ def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
     crossing token included). Ties at the crossing are resolved by keeping every token
     tied with it, so ``N_θ = {y : p̂(y) ≥ t, p̂(y) > 0}`` with ``t`` returned here. This is
     order-free, hence identical in every code path (full mask or single-token test).
-    ``θ = 0`` gives ``+inf`` (empty nucleus).
+    ``θ = 0`` gives ``+inf`` (empty nucleus); ``θ ≥ 1`` gives the smallest positive
+    probability, so the nucleus is the whole support.
+
+    Mass is measured relative to the row's own total: float32 rows sum to 1 only up to
+    rounding, and against an absolute θ a total of 1 + 1e-7 "reaches" θ = 1 before its
+    smallest tokens, while a total of 1 − 1e-7 never does. Normalising makes the nucleus a
+    property of the distribution's shape alone, for every θ, at the cost of one row sum.
     """
     shape = plaus_probs.shape[:-1]
     if theta <= 0:
         return torch.full(shape, math.inf, dtype=plaus_probs.dtype)
     flat = plaus_probs.reshape(-1, plaus_probs.shape[-1])
+    if theta >= 1:  # no cumulative sum: its rounding is exactly what must not decide here
+        positive = torch.where(flat > 0, flat, torch.full_like(flat, math.inf))
+        return positive.amin(dim=-1).reshape(shape)
     top = min(_NUCLEUS_TOPK, flat.shape[-1])
     values = torch.topk(flat, top, dim=-1).values  # [R, top], descending
-    thresholds = _crossing_value(values, theta)
+    totals = flat.double().sum(dim=-1, keepdim=True)  # [R, 1]
+    thresholds = _crossing_value(values, theta * totals)
     short = torch.isnan(thresholds)
     if short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
         full = torch.sort(flat[short], dim=-1, descending=True).values
-        thresholds[short] = _crossing_value(full, theta, exhaustive=True)
+        thresholds[short] = _crossing_value(full, theta * totals[short], exhaustive=True)
     return thresholds.reshape(shape)
 
 
-def _crossing_value(sorted_desc: torch.Tensor, theta: float, exhaustive: bool = False) -> torch.Tensor:
-    """Value of the first token whose inclusive cumulative mass reaches θ, per row.
+def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
+                    exhaustive: bool = False) -> torch.Tensor:
+    """Value of the first token whose inclusive cumulative mass reaches ``target_mass``.
 
-    NaN where the given prefix never reaches θ (unless ``exhaustive``: then the whole row
-    is the nucleus — float rounding can leave the total a hair under θ = 1 — and the
-    smallest positive value is returned).
+    sorted_desc: ``[R, n]`` descending; target_mass: ``[R, 1]`` float64 (θ × row total).
+    NaN where the given prefix never reaches it (unless ``exhaustive``: then the whole row
+    is the nucleus — the sorted cumulative sum rounds differently from the row total and
+    can end a hair under θ·total for θ near 1 — and the smallest positive value is returned).
     """
     cumulative = torch.cumsum(sorted_desc.double(), dim=-1)
-    reached = cumulative >= theta
+    reached = cumulative >= target_mass
     first = reached.to(torch.int8).argmax(dim=-1, keepdim=True)  # first True, 0 if none
     value = sorted_desc.gather(-1, first).squeeze(-1).clone()
     never = ~reached.any(dim=-1)
@@ -219,17 +233,41 @@ def relaxation_weights(
     running = spent.clone()
     for t in range(excess.shape[-1]):
         e = excess[:, t]
-        remaining = (rule.budget - running).clamp_min(0.0)
-        fits = e <= remaining
+        # Test the float sum itself, not e <= B − spent: the two round differently, and
+        # "D ≤ B on every path" must hold for the number reported.
+        fits = running + e <= rule.budget
         if rule.smooth:
-            partial = torch.where(e > 0, remaining / e.clamp_min(1e-300), torch.ones_like(e))
-            lam = torch.where(fits, torch.ones_like(e), partial.clamp(0.0, 1.0))
+            lam = torch.where(fits, torch.ones_like(e), _partial_weight(rule.budget, running, e))
         else:
             lam = fits.double()
         lam = lam * allowed[:, t]
         weights[:, t] = lam
-        running = running + lam * e
+        running = running + lam * e  # verify_block charges these very products, in this order
     return weights
+
+
+def _partial_weight(budget: float, running: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Largest ``λ ≤ remaining / e`` whose charge ``λ·e`` still fits under ``budget`` in float.
+
+    ``remaining / e`` times ``e`` can round one ulp above ``remaining``, and ``running +
+    remaining`` one ulp above ``budget``; both are stepped down until the sum fits (one step
+    suffices in round-to-nearest, the loop is a bound, not a search). Rounding is monotone,
+    so a charge ≤ that remainder keeps ``running + λ·e ≤ budget``.
+    """
+    zero = torch.zeros_like(e)
+    remaining = (budget - running).clamp_min(0.0)
+    for _ in range(4):
+        over = running + remaining > budget
+        if not bool(over.any()):
+            break
+        remaining = torch.where(over, torch.nextafter(remaining, zero), remaining)
+    lam = torch.where(e > 0, remaining / e.clamp_min(1e-300), torch.ones_like(e)).clamp(0.0, 1.0)
+    for _ in range(4):
+        over = lam * e > remaining
+        if not bool(over.any()):
+            break
+        lam = torch.where(over, torch.nextafter(lam, zero), lam)
+    return lam
 
 
 # --------------------------------------------------------------------------- the block test
@@ -301,8 +339,21 @@ def verify_block(
         accepted=accepted,
         relaxed=relaxed,
         deviation=deviation,
-        spent=spent + deviation.sum(dim=-1),
+        spent=charge(spent, deviation),
     )
+
+
+def charge(spent: torch.Tensor, deviation: torch.Tensor) -> torch.Tensor:
+    """``spent + Σ_t deviation[:, t]``, added left to right (spent [B], deviation [B, k]).
+
+    The order is the budget scan's in :func:`relaxation_weights`, so the result is exactly
+    the scan's running total at the last charged position and can never round above the
+    budget; a pairwise ``deviation.sum()`` could, by an ulp.
+    """
+    total = spent.clone()
+    for t in range(deviation.shape[-1]):
+        total = total + deviation[:, t]
+    return total
 
 
 def verify(

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
+from nsd.model_files import check_gguf
 
 _INSTALL_HINT = (
     "the llama.cpp backend needs llama-cpp-python, built for this CPU; run "
@@ -47,16 +48,22 @@ class _LlamaLog:
     llama.cpp logs hundreds of lines per model load. We show only errors, on stderr, and
     while a model loads we hold even those back: a Qwen2.5 GGUF logs a harmless
     "control-looking token" *error* every time. If the load fails, the held lines go into
-    the NSDError message instead.
+    the NSDError message instead. During a load it also notes the weight buffers llama.cpp
+    reports ("CPU_REPACK model buffer size = …", "AMX model buffer size = …"): which
+    kernels the weights were laid out for, which no API call tells.
     """
 
     def __init__(self) -> None:
         self.held: list[str] | None = None
+        self.buffers: list[str] = []
         self._last_level = 0
 
     def __call__(self, level: int, text: bytes, _user_data: object) -> None:
         if level != _GGML_LOG_CONT:
             self._last_level = level
+        if self.held is not None and b"model buffer size" in text:
+            self.buffers.append(text.decode("utf-8", errors="replace").split(":", 1)[-1]
+                                .split("model buffer size")[0].strip())
         if self._last_level != _GGML_LOG_ERROR:
             return
         line = text.decode("utf-8", errors="replace")
@@ -95,9 +102,10 @@ class LlamaCppBackend:
             logits (sampling happens outside), so nothing here is random.
         use_extra_bufts: let llama.cpp repack weights into CPU-specific layouts (its
             default). On a 2-core AVX-512 machine this made the Q4_K_M 1.5B model ~20%
-            faster per step and changed nothing for Q5_0/Q8_0 weights. Builds with ggml's
-            AMX kernels crash in the first decode with it on; ``scripts/install.sh``
-            builds without them, so turn this off only for such a build. Logits differ
+            faster per step and changed nothing for Q5_0/Q8_0 weights. On AMX CPUs the AMX
+            kernels are such an extra buffer type (``scripts/install.sh`` builds them with
+            the tile-config patch that stops their crash under GCC < 13); off, the plain CPU
+            kernels run. :attr:`weight_buffers` says which were used. Logits differ
             slightly (~0.3 max) between the two settings, so keep it fixed within a run.
         flash_attn: use llama.cpp's flash-attention kernels (``None``: llama.cpp decides).
     """
@@ -115,6 +123,7 @@ class LlamaCppBackend:
         path = Path(gguf_path)
         if not path.is_file():
             raise NSDError(f"GGUF model file not found: {path}")
+        check_gguf(path)  # a clear message for a damaged file, before llama.cpp sees it
         if n_ctx < 1:
             raise NSDError(f"n_ctx must be positive, got {n_ctx}")
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
@@ -130,14 +139,18 @@ class LlamaCppBackend:
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = use_extra_bufts
         mparams.n_gpu_layers = 0
-        _log.held = []
+        _log.held, _log.buffers = [], []
         try:
             self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         finally:
             held, _log.held = _log.held, None
+            # e.g. ("CPU_Mapped", "CPU_REPACK") or, with ggml's AMX kernels, ("AMX", ...).
+            self.weight_buffers: tuple[str, ...] = tuple(dict.fromkeys(_log.buffers))
         if not self._model:
-            detail = "".join(held).strip() or "not a valid GGUF model?"
-            raise NSDError(f"llama.cpp could not load {path}: {detail}")
+            # One line: llama.cpp's held log lines, joined; an unknown architecture or
+            # tensor type is named there.
+            detail = "; ".join(line.strip() for line in held if line.strip())
+            raise NSDError(f"llama.cpp could not load {path}: {detail or 'not a valid GGUF model?'}")
 
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx

@@ -32,6 +32,13 @@ def _csv_floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
 
 
+def _int_k(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise NSDError(f"--ks takes whole numbers or auto, got {text!r}") from None
+
+
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     from nsd.cli import add_decoding_args, add_model_args
 
@@ -65,7 +72,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid = p.add_argument_group("methods")
     grid.add_argument("--methods", type=_csv, default=["ar", "sd", "nsd"],
                       help="comma-separated from ar, sd, nsd, nsd-budget, typical, hf-ar, "
-                           "hf-assisted, hf-pld (default: ar,sd,nsd)")
+                           "hf-assisted, hf-pld, llama-generate (default: ar,sd,nsd)")
+    grid.add_argument("--ks", type=_csv, default=[],
+                      help="draft lengths to compare, e.g. auto,2,4: each speculative method runs "
+                           "once per k, labelled /k=… (default: just --draft-length)")
     grid.add_argument("--theta", type=_csv_floats, default=[0.9],
                       help="NSD nucleus thresholds θ, comma-separated (one nsd method each)")
     grid.add_argument("--budget", type=_csv_floats, default=[],
@@ -109,6 +119,8 @@ def _settings(args: argparse.Namespace, base) -> dict:
     generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
     return {"target": args.target, "draft": args.draft,
             "backend": args.backend, "dtype": args.dtype, "threads": args.threads, "n_ctx": args.n_ctx,
+            "weights": args.weights, "draft_weights": args.draft_weights,
+            "device": args.device, "compile": args.compile,
             "draft_vocab": args.draft_vocab,
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
             "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
@@ -129,7 +141,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     proposers = args.proposers if args.proposers is not None else (["draft"] if args.draft else ["ngram"])
     if not 0.0 <= args.max_other_load <= 1.0:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
-    specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta)
+    ks = [k if k == "auto" else _int_k(k) for k in args.ks]
+    specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks)
     if not args.draft and any(s.proposer == "draft" or s.family == "hf-assisted" for s in specs):
         raise NSDError("the draft proposer and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).
@@ -166,7 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace, config, journal):
-    from nsd.bench.load import LoadMonitor
+    from nsd.load import LoadMonitor
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods
@@ -177,8 +190,16 @@ def _runner(args: argparse.Namespace, config, journal):
 
         peers = HFPeers(args.target, args.draft, need_draft=any(m.family == "hf-assisted" for m in methods),
                         threads=args.threads)
+    llama_peer = None
+    if any(m.is_llama_peer for m in methods):
+        from nsd.bench.llama_peer import LlamaGeneratePeer
+
+        if engine.target_model.file is None or not engine.target_model.file.endswith(".gguf"):
+            raise NSDError("llama-generate needs a GGUF target on the llama.cpp backend")
+        llama_peer = LlamaGeneratePeer(engine.target_model.file, engine.tokenizer,
+                                       engine.eos_token_ids, args.threads, args.n_ctx)
     return BenchRunner(engine, config, journal, peers=peers, monitor=LoadMonitor(args.max_other_load),
-                       progress=args.progress)
+                       progress=args.progress, llama_peer=llama_peer)
 
 
 def _engine(args: argparse.Namespace, draft: bool):
@@ -187,7 +208,8 @@ def _engine(args: argparse.Namespace, draft: bool):
     from nsd.api import BackendOptions, Engine
 
     options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
-                             n_ctx=args.n_ctx)
+                             n_ctx=args.n_ctx, device=args.device, compile=args.compile,
+                             weights=args.weights, draft_weights=args.draft_weights)
     return Engine(args.target, draft=args.draft if draft else None,
                   proposer="draft" if draft else "ngram", options=options,
-                  draft_vocab=args.draft_vocab if draft else None)
+                  draft_vocab=args.draft_vocab if draft else None, k_max=args.k_max)

@@ -2,7 +2,9 @@
 
 A :class:`MethodSpec` is one column of the results. Labels are stable strings (they key
 the journal): ``ar``, ``sd/draft``, ``nsd@0.9/ngram``, ``nsd-budget@B4/draft``,
-``typical/draft``, and the transformers peers ``hf-ar``, ``hf-assisted``, ``hf-pld``.
+``typical/draft``; with several draft lengths (``--ks auto,2,4``) each speculative label
+gets a ``/k=…`` suffix. Outside peers: transformers' ``hf-ar``, ``hf-assisted``,
+``hf-pld``, and ``llama-generate`` (llama.cpp's own generation of the target file).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Sequence
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
 
-FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld")
+FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld",
+            "llama-generate")
 PROPOSERS = ("draft", "ngram")
 
 
@@ -26,10 +29,20 @@ class MethodSpec:
     proposer: str | None = None  # None for AR and the transformers peers
     theta: float | None = None
     budget: float | None = None
+    k: int | str | None = None  # None: the run's --draft-length
 
     @property
     def is_hf(self) -> bool:
         return self.family.startswith("hf-")
+
+    @property
+    def is_llama_peer(self) -> bool:
+        return self.family == "llama-generate"
+
+    @property
+    def is_peer(self) -> bool:
+        """Run by someone else's generate, not nsd's engine."""
+        return self.is_hf or self.is_llama_peer
 
     @property
     def ar_baseline(self) -> str:
@@ -40,11 +53,15 @@ class MethodSpec:
     @property
     def sd_baseline(self) -> str | None:
         """Exact speculative decoding with the same proposer: what relaxation gains."""
-        return f"sd/{self.proposer}" if self.proposer and self.family != "sd" else None
+        if not self.proposer or self.family == "sd":
+            return None
+        return f"sd/{self.proposer}" + ("" if self.k is None else f"/k={self.k}")
 
     def generation_config(self, base: GenerationConfig) -> GenerationConfig:
         """``base`` with this method's decoder, θ and budget (transformers peers: AR)."""
-        if self.is_hf or self.family == "ar":
+        if self.k is not None:
+            base = dataclasses.replace(base, k=self.k)
+        if self.is_peer or self.family == "ar":
             return dataclasses.replace(base, method="ar")
         if self.family in ("nsd", "nsd-budget"):
             return dataclasses.replace(base, method="nsd", theta=self.theta,
@@ -53,8 +70,10 @@ class MethodSpec:
 
 
 def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Sequence[float],
-                   proposers: Sequence[str], budget_theta: float | None = None) -> tuple[MethodSpec, ...]:
-    """Every (family × θ/budget × proposer) combination, in the order given."""
+                   proposers: Sequence[str], budget_theta: float | None = None,
+                   ks: Sequence[int | str] = ()) -> tuple[MethodSpec, ...]:
+    """Every (family × θ/budget × proposer × k) combination, in the order given. Without
+    ``ks`` the speculative methods use the run's draft length and carry no k suffix."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise NSDError(f"unknown method {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
@@ -78,18 +97,23 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
                 raise NSDError(f"nsd-budget budgets must be finite and >= 0, got {b}")
     # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
     theta_b = budget_theta if budget_theta is not None else max(thetas, default=0.9)
+    for k in ks:
+        if not (k == "auto" or (isinstance(k, int) and k >= 1)):
+            raise NSDError(f"draft lengths must be whole numbers >= 1 or auto, got {k!r}")
+    variants = [(None, "")] if not ks else [(k, f"/k={k}") for k in dict.fromkeys(ks)]
     specs: list[MethodSpec] = []
     for family in dict.fromkeys(families):
-        if family == "ar" or family.startswith("hf-"):
+        if family == "ar" or family.startswith("hf-") or family == "llama-generate":
             specs.append(MethodSpec(family, family))
             continue
         for proposer in proposers:
-            if family == "nsd":
-                specs += [MethodSpec(f"nsd@{t:g}/{proposer}", family, proposer, theta=t)
-                          for t in dict.fromkeys(thetas)]
-            elif family == "nsd-budget":
-                specs += [MethodSpec(f"nsd-budget@B{b:g}/{proposer}", family, proposer,
-                                     theta=theta_b, budget=b) for b in dict.fromkeys(budgets)]
-            else:
-                specs.append(MethodSpec(f"{family}/{proposer}", family, proposer))
+            for k, suffix in variants:
+                if family == "nsd":
+                    specs += [MethodSpec(f"nsd@{t:g}/{proposer}{suffix}", family, proposer, theta=t, k=k)
+                              for t in dict.fromkeys(thetas)]
+                elif family == "nsd-budget":
+                    specs += [MethodSpec(f"nsd-budget@B{b:g}/{proposer}{suffix}", family, proposer,
+                                         theta=theta_b, budget=b, k=k) for b in dict.fromkeys(budgets)]
+                else:
+                    specs.append(MethodSpec(f"{family}/{proposer}{suffix}", family, proposer, k=k))
     return tuple(specs)

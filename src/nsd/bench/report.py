@@ -61,6 +61,16 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
             "loglik_mean": metrics.mean(r["loglik"] for r in rs),
             "accepted_length_histogram": metrics.accepted_length_histogram(
                 s.get("accepted_per_pass", []) for s in stats),
+            # -k auto: the draft length chosen per pass (0 = plain step), and the cost
+            # model's expected rate beside the measured one.
+            "mean_k": metrics.mean(k for s in stats for k in s.get("k_per_pass") or []),
+            "plain_step_share": metrics.mean(float(k == 0) for s in stats for k in s.get("k_per_pass") or []),
+            "predicted_tokens_per_s_median": metrics.median(
+                s["predicted_tokens_per_s"] for s in stats if s.get("predicted_tokens_per_s")),
+            "decode_tokens_per_s_median": metrics.median(s["decode_tokens_per_s"] for s in stats),
+            "draft_s_per_pass": _ratio(sum(s["propose_s"] for s in stats), sum(s["target_passes"] for s in stats)),
+            "target_s_per_pass": _ratio(sum(s["target_s"] for s in stats), sum(s["target_passes"] for s in stats)),
+            "overhead_s_per_pass": metrics.mean(s["overhead_per_pass_s"] for s in stats),
             "loaded_calls": sum(bool(r["load"]["flagged"]) for r in rs),
             "other_cpu_mean": metrics.mean(r["load"]["other_cpu"] for r in rs),
         })
@@ -94,8 +104,11 @@ def environment() -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
+    from nsd.calibrate import cpu_description
+
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "processor": platform.processor(), "versions": versions}
+            "cpu_count": os.cpu_count(), "processor": platform.processor(),
+            "cpu": cpu_description(), "versions": versions}
 
 
 def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
@@ -122,6 +135,20 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
               "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
               "Agreement: token positions equal to the AR output (exact: identical text).", ""]
     lines += _table(summary)
+    if any(r.get("mean_k") is not None and not math.isnan(r["mean_k"]) for r in summary):
+        lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
+                  "(k̄: mean k per pass; plain: share of passes with k = 0, chosen by -k auto):", "",
+                  "| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
+                  "|---" * 9 + "|"]
+        for r in summary:
+            if r.get("mean_k") is None or math.isnan(r["mean_k"]):
+                continue
+            lines.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['mean_k'])} | "
+                         f"{_num(r['plain_step_share'])} | {_num(1e3 * r['draft_s_per_pass'], '{:.1f}')} | "
+                         f"{_num(1e3 * r['target_s_per_pass'], '{:.1f}')} | "
+                         f"{_num(1e3 * r['overhead_s_per_pass'], '{:.1f}')} | "
+                         f"{_num(r['decode_tokens_per_s_median'], '{:.1f}')} | "
+                         f"{_num(r['predicted_tokens_per_s_median'], '{:.1f}')} |")
     loaded = sum(r["loaded_calls"] for r in summary)
     calls = sum(r["prompts"] for r in summary)
     if loaded:

@@ -16,7 +16,7 @@ from typing import Sequence
 from nsd.api import GenerationConfig
 from nsd.bench.datasets import BenchPrompt
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
-from nsd.bench.load import LoadMonitor
+from nsd.load import LoadMonitor
 from nsd.bench.methods import MethodSpec
 from nsd.bench.metrics import mean_log_likelihood
 from nsd.bench.store import Journal
@@ -85,9 +85,12 @@ class BenchRunner:
     """
 
     def __init__(self, engine, config: RunConfig, journal: Journal, peers=None,
-                 monitor: LoadMonitor | None = None, progress: bool = True) -> None:
+                 monitor: LoadMonitor | None = None, progress: bool = True, llama_peer=None) -> None:
         if any(m.is_hf for m in config.methods) and peers is None:
             raise NSDError("hf-* methods need the transformers peers loaded")
+        if any(m.is_llama_peer for m in config.methods) and llama_peer is None:
+            raise NSDError("llama-generate needs the llama.cpp peer loaded")
+        self.llama_peer = llama_peer
         self.engine = engine
         self.config = config
         self.journal = journal
@@ -132,6 +135,8 @@ class BenchRunner:
     def _generate(self, spec: MethodSpec, ids: list[int], config: GenerationConfig):
         if spec.is_hf:
             return self.peers.generate(spec.family, ids, config)
+        if spec.is_llama_peer:
+            return self.llama_peer.generate(ids, config)
         use_proposer(self.engine, spec.proposer)
         result = self.engine.generate(ids, config)
         return result.token_ids, result.text, result.stats
@@ -141,7 +146,7 @@ class BenchRunner:
         ids = self.engine.encode(prompt.text, chat=prompt.chat)
         seen: set[tuple] = set()
         for spec in self.config.methods:
-            path = (spec.family if spec.is_hf else spec.family == "ar", spec.proposer)
+            path = (spec.family if spec.is_peer else spec.family == "ar", spec.proposer)
             if path in seen:
                 continue
             seen.add(path)

@@ -45,7 +45,7 @@ class DraftModelProposer:
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
         if k <= 0:
-            return Proposal(torch.zeros(0, dtype=torch.long), None)
+            return Proposal(torch.zeros(0, dtype=torch.long, device="cpu"), None)
         # Sync the draft cache with the context: keep the common prefix, feed the rest.
         # At least the last context token is (re)fed, because we need its logits.
         keep = min(common_prefix_length(self._fed, context), len(context) - 1)
@@ -60,14 +60,16 @@ class DraftModelProposer:
                 draft_id = int(logits.argmax())
             else:
                 probs = logits_to_probs(logits, self.sampling)  # [Vd]
-                draft_id = int(sample_from(probs.unsqueeze(0), torch.rand(1, dtype=torch.float64,
-                                                                          generator=generator))[0])
+                uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
+                draft_id = int(sample_from(probs.unsqueeze(0), uniform)[0])
                 rows.append(probs if vmap is None else vmap.expand(probs))  # q on the full vocabulary
             tokens.append(draft_id if vmap is None else int(vmap.draft_to_target[draft_id]))
             if i < k - 1:
                 logits = self.backend.forward([draft_id])[-1]
         self._fed = list(context) + tokens[:-1]
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None if greedy else torch.stack(rows))
+        # Token ids stay on the CPU (the loop needs them as ints); q stays on the draft's device.
+        return Proposal(torch.tensor(tokens, dtype=torch.long, device="cpu"),
+                        None if greedy else torch.stack(rows))
 
     def _draft_ids(self, tokens: Sequence[int]) -> list[int]:
         return list(tokens) if self.vocab_map is None else self.vocab_map.to_draft(list(tokens))

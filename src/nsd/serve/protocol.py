@@ -46,7 +46,8 @@ class NsdOptions(BaseModel):
     budget: float | None = Field(None, ge=0.0)
     cap: float | None = Field(None, ge=0.0)
     smooth: bool | None = None
-    k: Any = None  # an int >= 1 or "auto"; GenerationConfig has the last word on "auto"
+    k: Any = None  # an int >= 1, or "auto": the cost model picks k before each block
+    k_max: int | None = Field(None, ge=1)  # largest k for "auto" and adaptive_k
     adaptive_k: bool | None = None
     typical_epsilon: float | None = Field(None, ge=0.0)
     typical_delta: float | None = Field(None, ge=0.0)
@@ -204,11 +205,11 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
         config.decode_config()  # raises on any knob the library refuses
     except (NSDError, TypeError, ValueError) as exc:
         message = str(exc)
-        param = next((f"nsd.{n}" if request.nsd and n in request.nsd.model_fields_set else n
-                      for n in overrides if re.search(rf"\b{re.escape(n)}\b", message)), None)
-        if param is None and request.nsd is not None and request.nsd.k == "auto":
-            # A library without the cost-model k fails on the string deep inside; say why.
-            param, message = "nsd.k", 'k = "auto" is not supported by this version of nsd'
+        # Name the field the library's message mentions first ("k_max (3) must be >= k (6)").
+        hits = [(m.start(), n) for n in overrides
+                if (m := re.search(rf"\b{re.escape(n)}\b", message)) is not None]
+        name = min(hits)[1] if hits else None
+        param = f"nsd.{name}" if name and request.nsd and name in request.nsd.model_fields_set else name
         raise ApiError(400, message, param=param, code="invalid_value") from None
     return config
 

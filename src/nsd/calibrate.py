@@ -1,0 +1,143 @@
+"""Measuring step costs on the machine at hand, once, and remembering them.
+
+``c(n)`` — seconds for one forward over ``n`` new tokens with logits for each, after a
+realistic context — is what the ``-k auto`` cost model and ``--weights auto`` decide
+from. Its shape differs a lot between CPUs, weight formats and kernels (on one machine
+verifying 5 tokens cost 1.4 steps, on another 2.7), so it is measured, never tabled.
+
+A measurement takes a few seconds and is cached under ``calibration/`` in the nsd cache,
+keyed by everything that changes it: CPU model and flags, the model file (path, size,
+modification time), the backend and its version, thread count, and the context length.
+Costs measured while other processes kept the cores busy are used for that run only and
+never cached: on two cores a busy neighbour can make a step several times slower, and a
+table of such numbers would mislead every later run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsd.backends.base import ModelBackend
+from nsd.load import LoadMonitor
+
+CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
+REPEATS = 3
+
+
+def cpu_description() -> dict[str, str]:
+    """CPU model and a digest of its feature flags: figures are only valid for these."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = value.strip()
+    except OSError:
+        pass
+    amx = "amx_tile" in flags.split()
+    return {"model": model, "flags_sha": hashlib.sha256(flags.encode()).hexdigest()[:16],
+            "amx": str(amx), "cores": str(os.cpu_count())}
+
+
+def _backend_version(backend: ModelBackend) -> str:
+    name = type(backend).__name__
+    if name == "LlamaCppBackend":
+        import llama_cpp
+
+        return f"{name}/{llama_cpp.__version__}"
+    import torch
+
+    return f"{name}/torch-{torch.__version__}/{getattr(backend, 'dtype', '')}"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """``costs[n − 1]`` = median seconds of a forward over ``n`` tokens."""
+
+    costs: tuple[float, ...]
+    key: dict[str, Any]
+    cached: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"costs": list(self.costs), "key": self.key, "cached": self.cached}
+
+
+def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
+            repeats: int = REPEATS) -> tuple[float, ...]:
+    """Median seconds of one forward over ``n = 1..n_max`` tokens after ``context`` cached
+    tokens. The sizes are interleaved within each repeat, so drift hits them alike."""
+    vocab = backend.vocab_size
+    # Token content does not change the cost; spread the ids over ordinary tokens.
+    ids = [(100 + 7919 * i) % min(vocab, 20000) for i in range(context + n_max)]
+    backend.reset()
+    backend.forward(ids[:context], all_logits=False)
+    backend.forward(ids[context:context + 1])  # warm-up: lazy allocations, caches
+    backend.rewind(context)
+    samples: list[list[float]] = [[] for _ in range(n_max)]
+    for _ in range(repeats):
+        for n in range(1, n_max + 1):
+            start = time.perf_counter()
+            backend.forward(ids[context:context + n])
+            samples[n - 1].append(time.perf_counter() - start)
+            backend.rewind(context)
+    backend.reset()
+    return tuple(statistics.median(s) for s in samples)
+
+
+def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
+                    context: int = CONTEXT_TOKENS) -> dict[str, Any]:
+    path = Path(model_file)
+    st = path.stat()
+    return {
+        "cpu": cpu_description(),
+        "file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+        "backend": _backend_version(backend),
+        "threads": getattr(backend, "n_threads", None),
+        "n_max": n_max, "context": context,
+    }
+
+
+def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
+              refresh: bool = False, quiet: bool = False) -> Calibration:
+    """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
+    cache when this machine has measured them before."""
+    from nsd.models import cache_dir
+
+    key = calibration_key(backend, model_file, n_max)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / "calibration" / f"{Path(model_file).stem}-{digest}.json"
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key and len(data["costs"]) == n_max:
+                return Calibration(tuple(float(c) for c in data["costs"]), key, cached=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again and overwrite
+    if not quiet:
+        print(f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
+              file=sys.stderr)
+    with LoadMonitor().measure() as load:
+        costs = measure(backend, n_max)
+    if load.sample.flagged:
+        print(f"nsd: the machine is busy ({100 * load.sample.other_cpu:.0f}% of the cores used by "
+              "other processes): these step costs serve this run only and are not cached",
+              file=sys.stderr)
+        return Calibration(costs, key, cached=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "costs": list(costs)}, indent=1))
+    os.replace(tmp, path)
+    return Calibration(costs, key, cached=False)

@@ -1,0 +1,262 @@
+"""Choosing the draft length from measured step costs: the policy behind ``-k auto``.
+
+Speculation pays only when what a block is expected to yield outweighs what it costs.
+With per-position conditional acceptance ``α_i`` (the chance draft ``i`` is accepted given
+that draft ``i − 1`` was), a block of ``k`` drafts yields
+
+    E_k = 1 + Σ_{i=1..k} Π_{j≤i} α_j        tokens (the accepted run plus one more)
+
+and costs ``k·c_d + c_t(k + 1) + o``: ``c_t(n)`` is one target forward over ``n`` new
+tokens, ``c_d`` one draft token and ``o`` nsd's own work per speculative pass. A plain
+step (``k = 0``) yields one token for ``c_t(1)``. Before every block :class:`CostModelK`
+picks the ``k`` with the highest ``E_k / cost_k``, so a speculative run falls back to
+plain decoding wherever no ``k`` pays.
+
+The costs start from a calibration (:mod:`nsd.calibrate`, measured once per machine, file
+and thread count) and are rescaled online from the observed pass times, so a machine that
+gets busier mid-run is followed. Acceptance is tracked online per position.
+
+Every policy here answers two calls: ``next_k(remaining)`` before a block and
+``observe(...)`` after it; the decoding loop knows nothing else about them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from nsd.errors import NSDError
+
+
+class KPolicy(Protocol):
+    """How many tokens to draft before each target pass."""
+
+    def next_k(self, remaining: int) -> int:
+        """Draft length for the next block (0 = a plain autoregressive step)."""
+        ...
+
+    def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
+                overhead_s: float) -> None:
+        """What the block asked for (``k``), drafted, accepted and cost."""
+        ...
+
+
+@dataclass
+class FixedK:
+    """The same ``k`` every block."""
+
+    k: int
+
+    def next_k(self, remaining: int) -> int:
+        return self.k
+
+    def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
+                overhead_s: float) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveK:
+    """Grow k after a fully accepted block, shrink it after a rejection (HF's heuristic)."""
+
+    k: int
+    k_max: int
+    k_min: int = 1
+
+    def next_k(self, remaining: int) -> int:
+        return self.k
+
+    def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
+                overhead_s: float) -> None:
+        if drafted and accepted == drafted:
+            self.k = min(self.k + 2, self.k_max)
+        elif drafted:
+            self.k = max(self.k - 1, self.k_min)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured seconds per forward: ``target[n − 1]`` for ``n`` new target tokens, and
+    ``draft`` per drafted token (about 0 for n-gram lookup)."""
+
+    target: tuple[float, ...]
+    draft: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.target or any(not (c > 0 and math.isfinite(c)) for c in self.target):
+            raise NSDError(f"step costs must be positive and finite, got {self.target}")
+        if not (self.draft >= 0 and math.isfinite(self.draft)):
+            raise NSDError(f"draft cost must be >= 0, got {self.draft}")
+
+    def target_cost(self, n: int) -> float:
+        """Cost of a forward over ``n >= 1`` tokens; linear beyond the measured range."""
+        table = self.target
+        if n <= len(table):
+            return table[n - 1]
+        slope = max(table[-1] - table[-2], 0.0) if len(table) > 1 else table[-1]
+        return table[-1] + slope * (n - len(table))
+
+
+def expected_tokens(alpha: Sequence[float], k: int) -> float:
+    """``E_k = 1 + Σ_{i≤k} Π_{j≤i} α_j``: tokens one block of ``k`` drafts yields on average."""
+    total, run = 1.0, 1.0
+    for a in alpha[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def best_k(costs: StepCosts, alpha: Sequence[float], k_max: int, overhead_s: float = 0.0,
+           target_scale: float = 1.0, draft_cost: float | None = None,
+           k_min: int = 0) -> tuple[int, float, float]:
+    """The ``k`` in ``[k_min, k_max]`` maximising expected tokens per second.
+
+    Returns ``(k, expected tokens, expected seconds)`` for that block.
+    """
+    d = costs.draft if draft_cost is None else draft_cost
+    best = (0, 1.0, costs.target_cost(1) * target_scale)
+    best_rate = -1.0
+    for k in range(k_min, k_max + 1):
+        if k == 0:
+            tokens, seconds = 1.0, costs.target_cost(1) * target_scale
+        else:
+            tokens = expected_tokens(alpha, k)
+            seconds = k * d + costs.target_cost(k + 1) * target_scale + overhead_s
+        rate = tokens / seconds
+        if rate > best_rate:
+            best, best_rate = (k, tokens, seconds), rate
+    return best
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-position conditional acceptance ``α_i``, estimated online with forgetting.
+
+    Counts decay by ``decay`` per block, so the estimate follows a changing text (prose
+    after code). Position ``i`` borrows ``weight`` pseudo-counts from position ``i − 1``'s
+    estimate (position 1 from ``prior``): deep positions, rarely reached, start from what
+    the shallower ones show instead of from nothing.
+    """
+
+    k_max: int
+    prior: float = 0.6
+    weight: float = 2.0
+    decay: float = 0.97
+    accepts: list[float] = field(default_factory=list)
+    attempts: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepts = self.accepts or [0.0] * self.k_max
+        self.attempts = self.attempts or [0.0] * self.k_max
+
+    def rates(self) -> list[float]:
+        out, previous = [], self.prior
+        for acc, att in zip(self.accepts, self.attempts):
+            previous = (acc + self.weight * previous) / (att + self.weight)
+            out.append(previous)
+        return out
+
+    def sample(self, rng: random.Random) -> list[float]:
+        """One draw of ``α_1..α_k`` from the Beta posteriors (Thompson sampling): a
+        decision made on a draw rather than the mean keeps trying what might pay, in
+        proportion to how unsure the estimate still is."""
+        out, previous = [], self.prior
+        for acc, att in zip(self.accepts, self.attempts):
+            a = acc + self.weight * previous
+            b = (att - acc) + self.weight * (1.0 - previous)
+            out.append(rng.betavariate(max(a, 1e-3), max(b, 1e-3)))
+            previous = a / (a + b)
+        return out
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.accepts = [a * self.decay for a in self.accepts]
+        self.attempts = [a * self.decay for a in self.attempts]
+        reached = min(accepted + 1, drafted, self.k_max)  # positions whose test was run
+        for i in range(reached):
+            self.attempts[i] += 1.0
+        for i in range(min(accepted, self.k_max)):
+            self.accepts[i] += 1.0
+
+    def copy(self) -> AcceptanceTracker:
+        return AcceptanceTracker(self.k_max, self.prior, self.weight, self.decay,
+                                 list(self.accepts), list(self.attempts))
+
+
+@dataclass
+class CostModelK:
+    """``-k auto``: the ``k`` (0 included) that maximises expected tokens per second.
+
+    ``costs`` come from calibration; two online scale factors follow the machine as it is
+    now: observed target seconds over predicted, and observed draft seconds per drafted
+    token. Each choice is made on a draw from the acceptance posterior (Thompson
+    sampling, its own seeded generator), so an unlucky start does not lock speculation out. After ``probe_every`` plain steps in a row one block is drafted anyway, so a
+    text that becomes predictable again is noticed; each probe that does not win the
+    policy back doubles the wait (up to ``probe_max``), so probing costs little where
+    speculation never pays.
+    """
+
+    costs: StepCosts
+    tracker: AcceptanceTracker
+    k_max: int
+    probe_every: int = 16
+    probe_max: int = 1024
+    smoothing: float = 0.2
+    target_scale: float = 1.0
+    draft_cost: float = -1.0  # per drafted token; < 0: start from costs.draft
+    overhead_s: float = 0.0
+    chosen: list[int] = field(default_factory=list)
+    predicted_tokens: float = 0.0
+    predicted_s: float = 0.0
+    seed: int = 0
+    _plain_run: int = 0
+    _probe_wait: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1:
+            raise NSDError(f"k_max must be >= 1, got {self.k_max}")
+        if self.draft_cost < 0:
+            self.draft_cost = self.costs.draft
+        self._probe_wait = self.probe_every
+        self._rng = random.Random(self.seed)
+
+    def next_k(self, remaining: int) -> int:
+        k_cap = max(0, min(self.k_max, remaining - 1))
+        alpha = self.tracker.sample(self._rng)
+        choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
+                        self.draft_cost)
+        if choice[0] > 0:
+            self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
+        elif self._plain_run >= self._probe_wait and k_cap > 0:
+            choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
+                            self.draft_cost, k_min=1)
+            self._probe_wait = min(2 * self._probe_wait, self.probe_max)
+        self._plain_run = self._plain_run + 1 if choice[0] == 0 else 0
+        k = choice[0]
+        self.chosen.append(k)
+        # The prediction reported uses the posterior mean, not the draw the choice used.
+        self.predicted_tokens += expected_tokens(self.tracker.rates(), k)
+        self.predicted_s += choice[2]
+        return k
+
+    def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
+                overhead_s: float) -> None:
+        s = self.smoothing
+        predicted_target = self.costs.target_cost(drafted + 1)
+        if target_s > 0:
+            self.target_scale += s * (target_s / predicted_target - self.target_scale)
+        if drafted > 0:
+            self.draft_cost += s * (propose_s / drafted - self.draft_cost)
+            self.overhead_s += s * (overhead_s - self.overhead_s)
+            self.tracker.update(drafted, accepted)
+            if accepted > 0:
+                # Drafts are being accepted: whatever made us stop speculating may be over.
+                self._probe_wait = self.probe_every
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """What the model expected of the blocks it chose (compare with the measured rate)."""
+        return self.predicted_tokens / self.predicted_s if self.predicted_s > 0 else 0.0
