@@ -120,6 +120,10 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         watcher = asyncio.ensure_future(_client_gone(request))
         try:
             await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # uvicorn gave up on this request (shutdown grace over)
+            collector.cancel()
+            run.abandon("shutdown")
+            raise
         finally:
             watcher.cancel()
         if not collector.done():  # the client left: stop its generation at the next block
