@@ -126,3 +126,13 @@ say "installing llama-cpp-python"
 "$PY" -m pip install --quiet numpy typing-extensions diskcache jinja2
 
 "$PY" -c "import llama_cpp, nsd; print('[install] ok: nsd', nsd.__version__, '+ llama-cpp-python', llama_cpp.__version__)"
+
+# ---------------------------------------------------------------- vLLM (optional)
+# nsd's vLLM plugin is tested in a venv of its own (.venv-vllm): vLLM pins its own torch.
+# A failure here never fails nsd's install; tests/test_vllm_integration.py then skips and
+# says why. NSD_SKIP_VLLM=1 skips it (it downloads ~1 GB and takes 2-5 minutes).
+if [[ "${NSD_SKIP_VLLM:-0}" != "1" ]]; then
+    if ! bash "$ROOT/scripts/install_vllm.sh"; then
+        say "WARNING: the vLLM venv could not be installed; the vLLM tests will be skipped"
+    fi
+fi

@@ -119,7 +119,7 @@ def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
     """
     shape = plaus_probs.shape[:-1]
     if theta <= 0:
-        return torch.full(shape, math.inf, dtype=plaus_probs.dtype)
+        return torch.full(shape, math.inf, dtype=plaus_probs.dtype, device=plaus_probs.device)
     flat = plaus_probs.reshape(-1, plaus_probs.shape[-1])
     if theta >= 1:  # no cumulative sum: its rounding is exactly what must not decide here
         positive = torch.where(flat > 0, flat, torch.full_like(flat, math.inf))
@@ -129,7 +129,12 @@ def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
     totals = flat.double().sum(dim=-1, keepdim=True)  # [R, 1]
     thresholds = _crossing_value(values, theta * totals)
     short = torch.isnan(thresholds)
-    if short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
+    if flat.device.type != "cpu":
+        # On an accelerator, asking which rows fell short would stall on a host read; a
+        # full sort of every row is cheaper than that stall.
+        full = torch.sort(flat, dim=-1, descending=True).values
+        thresholds = torch.where(short, _crossing_value(full, theta, exhaustive=True), thresholds)
+    elif short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
         full = torch.sort(flat[short], dim=-1, descending=True).values
         thresholds[short] = _crossing_value(full, theta * totals[short], exhaustive=True)
     return thresholds.reshape(shape)
@@ -147,14 +152,13 @@ def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
     cumulative = torch.cumsum(sorted_desc.double(), dim=-1)
     reached = cumulative >= target_mass
     first = reached.to(torch.int8).argmax(dim=-1, keepdim=True)  # first True, 0 if none
-    value = sorted_desc.gather(-1, first).squeeze(-1).clone()
+    value = sorted_desc.gather(-1, first).squeeze(-1)
     never = ~reached.any(dim=-1)
+    # torch.where rather than masked assignment: no host sync on an accelerator.
     if exhaustive:
         positive = torch.where(sorted_desc > 0, sorted_desc, torch.full_like(sorted_desc, math.inf))
-        value[never] = positive.amin(dim=-1)[never]
-    else:
-        value[never] = math.nan
-    return value
+        return torch.where(never, positive.amin(dim=-1), value)
+    return torch.where(never, torch.full_like(value, math.nan), value)
 
 
 def typical_threshold(plaus_probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
@@ -189,8 +193,8 @@ def relaxed_set_stats(
     and 0 otherwise, computed without materialising a vocabulary-sized mask.
     """
     if not rule.relaxes:
-        zeros = torch.zeros(draft_tokens.shape, dtype=torch.float64)
-        return torch.zeros(draft_tokens.shape, dtype=torch.bool), zeros
+        zeros = torch.zeros(draft_tokens.shape, dtype=torch.float64, device=draft_tokens.device)
+        return torch.zeros(draft_tokens.shape, dtype=torch.bool, device=draft_tokens.device), zeros
     tok = draft_tokens.unsqueeze(-1)
     if draft_probs is None:
         if rule.kind == "nucleus":
@@ -273,6 +277,19 @@ def _partial_weight(budget: float, running: torch.Tensor, e: torch.Tensor) -> to
 # --------------------------------------------------------------------------- the block test
 
 
+def relaxed_acceptance(
+    exact_prob: torch.Tensor,  # [...] float64 m = min(1, p(x)/q(x))
+    token_in_set: torch.Tensor,  # [...] bool: draft token lies in the relaxed set
+    weights: torch.Tensor,  # [...] float64 relaxation weight λ ∈ [0, 1]
+) -> torch.Tensor:
+    """Acceptance probability ``a = m + λ·1[x∈S]·(1 − m)`` ``[...]`` float64.
+
+    With ``λ = 0`` this is ``m`` bit for bit (``m + 0.0``), which is what makes θ = 0 and
+    B = 0 reproduce the exact rule's decisions exactly in every caller.
+    """
+    return exact_prob + weights * token_in_set * (1.0 - exact_prob)
+
+
 def verify_block(
     target_probs: torch.Tensor,  # [B, k+1, V] p at each draft position + the bonus position
     draft_tokens: torch.Tensor,  # [B, k] int64
@@ -283,26 +300,31 @@ def verify_block(
     accept_uniforms: torch.Tensor,  # [B, k] float64 in [0, 1)
     sample_uniforms: torch.Tensor,  # [B] float64 in [0, 1): draws the recovered/bonus token
     spent: torch.Tensor | None = None,  # [B] float64 deviation already spent
+    check_draft_support: bool = True,
 ) -> VerifyResult:
     """Verify a block of drafts left to right; the first rejection ends it.
 
     Acceptance probability ``a = m + λ·1[x∈S]·(1 − m)`` with ``m = min(1, p(x)/q(x))``.
     At the first rejection the recovered token comes from ``(p − q)₊``; if none is
     rejected, the bonus token from ``p`` at position ``k``.
+
+    ``check_draft_support`` raises on a draft token with ``q(x) = 0`` (a proposer bug);
+    the check reads a flag back to the host, so callers on an accelerator turn it off.
     """
     batch, k = draft_tokens.shape
+    device = draft_tokens.device
     if spent is None:
-        spent = torch.zeros(batch, dtype=torch.float64)
+        spent = torch.zeros(batch, dtype=torch.float64, device=device)
     tok = draft_tokens.unsqueeze(-1)
     p_x = target_probs[:, :k].gather(-1, tok).squeeze(-1).double()  # [B, k]
     if draft_probs is None:
         q_x = torch.ones_like(p_x)
     else:
         q_x = draft_probs.gather(-1, tok).squeeze(-1).double()
-        if bool((q_x <= 0).any()):
+        if check_draft_support and bool((q_x <= 0).any()):
             raise ValueError("proposer drew a token it gave probability 0: a proposer bug")
     exact_prob = torch.clamp(p_x / q_x, max=1.0)  # m
-    accept_prob = exact_prob + weights * token_in_set * (1.0 - exact_prob)
+    accept_prob = relaxed_acceptance(exact_prob, token_in_set, weights)
     accepted = accept_uniforms < accept_prob
     relaxed = accepted & (accept_uniforms >= exact_prob)
 
@@ -313,11 +335,11 @@ def verify_block(
     rejected_at = num_accepted.clamp(max=k - 1) if k > 0 else num_accepted
     if k > 0:
         has_rejection = num_accepted < k
-        emitted[torch.arange(batch), rejected_at] |= has_rejection
+        emitted[torch.arange(batch, device=device), rejected_at] |= has_rejection
     deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
     relaxed = relaxed & leading
 
-    rows = torch.arange(batch)
+    rows = torch.arange(batch, device=device)
     p_row = target_probs[rows, num_accepted]  # [B, V]
     if k == 0:
         residual = p_row
@@ -369,7 +391,7 @@ def verify(
     """Relaxed set, budget policy and block test in one call."""
     k = draft_tokens.shape[-1]
     if spent is None:
-        spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64)
+        spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64, device=draft_tokens.device)
     in_set, excess = relaxed_set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, draft_probs)
     weights = relaxation_weights(rule, excess, spent)
     return verify_block(target_probs, draft_tokens, draft_probs, in_set, excess, weights,

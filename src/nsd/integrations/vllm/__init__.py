@@ -1,0 +1,1 @@
+"""nsd as a vLLM plugin (see plugin.py)."""

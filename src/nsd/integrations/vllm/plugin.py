@@ -1,0 +1,189 @@
+"""The ``vllm.general_plugins`` entry point: NSD in vLLM's verification step.
+
+vLLM calls :func:`register` in every process (front end, engine core, workers). It
+replaces three things, and each replacement hands straight back to vLLM's own code when
+NSD is not configured:
+
+- ``rejection_sampler.rejection_sample`` (looked up by ``RejectionSampler.forward`` at
+  call time): the same signature; with NSD on it runs :func:`nsd_rejection_sample` with the
+  requests' spent deviation, otherwise the stock function;
+- ``GPUModelRunner._sample`` (the CPU runner inherits it): notes the batch's request ids
+  so the sampler can find each request's ledger entry;
+- ``GPUModelRunner._update_states``: reports and forgets finished requests.
+
+The NSD configuration is read and validated when the model runner is built, so a bad
+setting stops the engine at start-up with one clear message. On vLLM's CPU platform it
+also fixes ``expand_batch_to_tokens`` (vllm-project/vllm#55005: the C++ fallback of its
+kernel writes into an int64 copy, leaving float temperatures uninitialised), which
+otherwise breaks every non-greedy speculative request there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from nsd.errors import NSDError
+from nsd.integrations.vllm.config import NSDVllmConfig, check_vllm_version, config_from_vllm, raw_config
+from nsd.integrations.vllm.ledger import FidelityLedger
+from nsd.integrations.vllm.sampler import nsd_rejection_sample
+
+logger = logging.getLogger("nsd.vllm")
+
+
+class _Active:
+    """What the patched sampler needs from the runner: set per process, per step."""
+
+    config: NSDVllmConfig | None = None
+    ledger: FidelityLedger | None = None
+    req_ids: list[str] | None = None
+    on_cpu: bool = False
+
+
+ACTIVE = _Active()
+
+
+def register() -> None:
+    import vllm
+
+    try:
+        check_vllm_version(vllm.__version__)
+    except NSDError:
+        if raw_config(None) is not None:
+            raise  # NSD asked for through the environment: refuse now
+        _guard_unsupported_version(vllm.__version__)
+        return
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    if getattr(rs.rejection_sample, "_nsd_patched", False):
+        return  # plugins may be loaded more than once per process
+    rs.rejection_sample = _wrap_rejection_sample(rs.rejection_sample)
+    runner = gmr.GPUModelRunner
+    runner.__init__ = _wrap_init(runner.__init__)
+    runner._sample = _wrap_sample(runner._sample)
+    runner._update_states = _wrap_update_states(runner._update_states)
+    from vllm.platforms import current_platform
+
+    ACTIVE.on_cpu = current_platform.is_cpu()
+    if ACTIVE.on_cpu:
+        rs.expand_batch_to_tokens = _expand_batch_to_tokens
+
+
+def _guard_unsupported_version(version: str) -> None:
+    """On an unsupported vLLM, patch nothing, but refuse an 'nsd' config when one appears."""
+    from vllm.config import VllmConfig
+
+    original = VllmConfig.__post_init__
+
+    @functools.wraps(original)
+    def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if raw_config(getattr(self, "additional_config", None)) is not None:
+            check_vllm_version(version)  # raises with the supported range
+        return original(self, *args, **kwargs)
+
+    VllmConfig.__post_init__ = post_init
+
+
+def _wrap_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, vllm_config, *args, **kwargs)
+        import vllm
+
+        config = config_from_vllm(vllm_config.additional_config, vllm.__version__)
+        ACTIVE.config = config
+        if config is None:
+            return
+        if vllm_config.speculative_config is None:
+            logger.warning("nsd: NSD configured but speculative decoding is off; nothing to relax")
+        ACTIVE.ledger = FidelityLedger(metrics=_metrics(), report=config.report,
+                                       log_requests=config.log_requests)
+        logger.info("nsd: NSD verification on: %s", config.rule)
+    return init
+
+
+def _wrap_sample(original: Any) -> Any:
+    @functools.wraps(original)
+    def sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        if ACTIVE.config is not None and spec_decode_metadata is not None:
+            ACTIVE.req_ids = list(self.input_batch.req_ids)
+        try:
+            return original(self, logits, spec_decode_metadata)
+        finally:
+            ACTIVE.req_ids = None
+    return sample
+
+
+def _wrap_update_states(original: Any) -> Any:
+    @functools.wraps(original)
+    def update_states(self: Any, scheduler_output: Any) -> Any:
+        if ACTIVE.ledger is not None:
+            ACTIVE.ledger.finish(scheduler_output.finished_req_ids)
+        return original(self, scheduler_output)
+    return update_states
+
+
+def _wrap_rejection_sample(stock: Any) -> Any:
+    @functools.wraps(stock)
+    def rejection_sample(
+        draft_token_ids: torch.Tensor,  # [num_tokens]
+        num_draft_tokens: list[int],  # [batch_size]
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,  # [batch_size]
+        draft_probs: torch.Tensor | None,  # [num_tokens, vocab_size]
+        target_logits: torch.Tensor,  # [num_tokens, vocab_size]
+        bonus_token_ids: torch.Tensor,  # [batch_size, 1]
+        sampling_metadata: Any,
+        synthetic_mode: bool = False,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        use_fp64_gumbel: bool = False,
+    ) -> torch.Tensor:
+        config, req_ids = ACTIVE.config, ACTIVE.req_ids
+        # NSD configured with a rule that relaxes nothing (θ = 0, B = 0) is the stock rule.
+        usable = (config is not None and config.rule.relaxes and not synthetic_mode
+                  and req_ids is not None and len(req_ids) == len(num_draft_tokens))
+        if not usable:
+            out = stock(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                        draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                        synthetic_mode=synthetic_mode,
+                        synthetic_conditional_rates=synthetic_conditional_rates,
+                        use_fp64_gumbel=use_fp64_gumbel)
+            if ACTIVE.ledger is not None and req_ids is not None and len(req_ids) == len(num_draft_tokens):
+                ACTIVE.ledger.record(req_ids, num_draft_tokens, out)  # D = 0, counts still useful
+            return out
+        assert ACTIVE.ledger is not None
+        spent = ACTIVE.ledger.spent(req_ids, target_logits.device)
+        result = nsd_rejection_sample(config.rule, draft_token_ids, num_draft_tokens, max_spec_len,
+                                      cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids,
+                                      sampling_metadata, spent, use_fp64_gumbel=use_fp64_gumbel,
+                                      float32_uniforms=ACTIVE.on_cpu)
+        ACTIVE.ledger.record(req_ids, num_draft_tokens, result.output_token_ids, result)
+        return result.output_token_ids
+    rejection_sample._nsd_patched = True  # type: ignore[attr-defined]
+    return rejection_sample
+
+
+def _expand_batch_to_tokens(
+    x: torch.Tensor,  # [batch_size]
+    cu_num_tokens: torch.Tensor,  # [batch_size]
+    num_tokens: int,
+    replace_from: int = 0,
+    replace_to: int = 0,
+) -> torch.Tensor:
+    """``[num_tokens]``: each request's value repeated over its tokens (CPU workaround)."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    expanded = torch.repeat_interleave(x, counts, output_size=num_tokens)
+    return torch.where(expanded == replace_from, torch.full_like(expanded, replace_to), expanded)
+
+
+def _metrics() -> Any:
+    try:
+        from nsd.integrations.vllm.metrics import NSDMetrics
+        return NSDMetrics()
+    except Exception as err:  # metrics are a convenience; never stop serving for them
+        logger.warning("nsd: Prometheus metrics unavailable: %s", err)
+        return None

@@ -1,0 +1,209 @@
+"""NSD verification on a serving engine's flattened ("ragged") batch layout.
+
+Serving engines such as vLLM flatten the draft positions of all requests into one token
+axis: request ``b`` owns tokens ``cu[b-1] .. cu[b]-1`` of ``[num_tokens, ...]`` tensors,
+where ``cu = cu_num_draft_tokens`` is the inclusive cumulative count (int32, on the
+device). Requests have different numbers of drafts, and greedy and sampled requests share
+a batch.
+
+This module adapts that layout to nsd's own rule (:mod:`nsd.verify`): the relaxed set and
+its excess ``E`` are computed on the flat ``[num_tokens, V]`` tensors by
+:func:`nsd.verify.relaxed_set_stats`; only the small per-position results are gathered
+into a padded ``[batch, max_spec_len]`` layout, where the budget policy
+(:func:`nsd.verify.relaxation_weights`) and the acceptance probability
+(:func:`nsd.verify.relaxed_acceptance`) are applied, the first rejection is found and
+the output is scattered into the engine's ``[batch, max_spec_len + 1]`` int32 format with
+``-1`` in slots that emit nothing.
+
+Randomness follows the engine's conventions so that with nothing relaxed (θ = 0, B = 0
+or an exhausted budget) the output is the engine's stock output bit for bit:
+
+- one float64 uniform per draft token; a sampled request accepts iff
+  ``u <= a`` with the exact part ``m = min(1, float32(p(x) / q(x)))``;
+- the recovered token at the first rejection is an exponential race over the residual
+  ``(p − q)₊`` (``argmax (p − q)₊ / e`` with one ``e ~ Exp(1)`` vector per request), which
+  is an exact draw from the normalised residual;
+- greedy requests verify against the target argmax, emit it on rejection, and relax
+  all-or-nothing (greedy decoding has no randomness for a partial relaxation).
+
+Everything is vectorised over tokens and requests; nothing is read back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nsd.verify import RuleConfig, relaxation_weights, relaxed_acceptance, relaxed_set_stats
+
+PLACEHOLDER_TOKEN_ID = -1  # the engine's marker for "no token in this slot"
+
+
+@dataclass(frozen=True)
+class RaggedVerifyResult:
+    output_token_ids: torch.Tensor  # [B, K+1] int32: accepted drafts, then recovered/bonus; -1 after
+    num_accepted: torch.Tensor  # [B] int64: draft tokens accepted per request
+    relaxed: torch.Tensor  # [B, K] bool: accepted only thanks to the relaxed set
+    deviation: torch.Tensor  # [B, K] float64: λ_t·E_t charged at emitted positions, 0 elsewhere
+    spent: torch.Tensor  # [B] float64: deviation spent so far, this step included
+
+
+def padded_token_index(
+    cu_num_draft_tokens: torch.Tensor,  # [B] int, inclusive cumulative draft counts
+    max_spec_len: int,
+    num_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map the padded layout to flat token indices.
+
+    Returns ``(index [B, K] int64, valid [B, K] bool)``; invalid slots point at
+    ``num_tokens``, one past the end, so callers append one dummy element to each flat
+    tensor before gathering (this also makes ``num_tokens == 0`` safe).
+    """
+    cu = cu_num_draft_tokens.to(torch.int64)
+    prev = torch.nn.functional.pad(cu[:-1], (1, 0))  # [B] start of each request
+    counts = cu - prev  # [B]
+    offsets = torch.arange(max_spec_len, device=cu.device)  # [K]
+    valid = offsets.unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
+    index = torch.where(valid, prev.unsqueeze(1) + offsets, torch.full_like(valid, num_tokens, dtype=torch.int64))
+    return index, valid
+
+
+def _pad(flat: torch.Tensor, index: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
+    """Gather a flat ``[T]`` tensor into ``[B, K]`` with ``fill`` in invalid slots."""
+    extended = torch.cat([flat, flat.new_full((1,), fill)])
+    return extended[index]
+
+
+def token_request_index(cu_num_draft_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Request index of every flat token, ``[T]`` int64 (device-side, no host sync)."""
+    tokens = torch.arange(num_tokens, device=cu_num_draft_tokens.device)
+    return torch.searchsorted(cu_num_draft_tokens.to(torch.int64), tokens, right=True)
+
+
+def recover_tokens_ragged(
+    target_probs: torch.Tensor,  # [T, V] float32 p at each draft position
+    draft_probs: torch.Tensor | None,  # [T, V] q, or None: q is one-hot on the draft token
+    draft_token_ids: torch.Tensor,  # [T] int
+    cu_num_draft_tokens: torch.Tensor,  # [B] int
+    inv_exponentials: torch.Tensor,  # [B, V] 1/e with e ~ Exp(1), one vector per request
+) -> torch.Tensor:
+    """Recovered token per draft position: ``argmax (p − q)₊ · (1/e)``, ``[T]`` int64.
+
+    The exponential race draws from the normalised residual ``(p − q)₊ / Z`` without
+    normalising; with one-hot ``q`` the residual is ``p`` with the draft token removed.
+    """
+    num_tokens = draft_token_ids.shape[0]
+    if draft_probs is None:
+        # Compare instead of scatter: a padded draft (-1) removes nothing, as in the engine.
+        vocab = torch.arange(target_probs.shape[-1], device=target_probs.device)
+        drawn = vocab.unsqueeze(0) == draft_token_ids.long().unsqueeze(-1)  # [T, V]
+        residual = torch.where(drawn, torch.zeros_like(target_probs), target_probs)
+    else:
+        residual = (target_probs - draft_probs).clamp_min(0.0)
+    req = token_request_index(cu_num_draft_tokens, num_tokens)
+    return (residual * inv_exponentials[req]).argmax(dim=-1)
+
+
+def verify_ragged(
+    rule: RuleConfig,
+    target_probs: torch.Tensor,  # [T, V] float32 softmax of the processed target logits
+    target_argmax: torch.Tensor,  # [T] int: argmax of the target logits (greedy requests)
+    draft_token_ids: torch.Tensor,  # [T] int, -1 marks a padded draft that must be rejected
+    cu_num_draft_tokens: torch.Tensor,  # [B] int
+    max_spec_len: int,
+    draft_probs: torch.Tensor | None,  # [T, V] q, or None for one-hot proposals
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int: token after a fully accepted block
+    is_greedy: torch.Tensor,  # [B] bool
+    accept_uniforms: torch.Tensor | None,  # [T] float64; None only if every request is greedy
+    recovered_token_ids: torch.Tensor | None,  # [T] int; None only if every request is greedy
+    spent: torch.Tensor | None = None,  # [B] float64 deviation already spent per request
+) -> RaggedVerifyResult:
+    """NSD (or the exact rule) on the flat layout; see the module docstring.
+
+    ``target_probs`` plays both roles: it is ``p`` for sampled requests, and for greedy
+    ones (whose logits the engine leaves at temperature 1) the plausibility ``p̂`` the
+    nucleus is taken from, while their ``p`` is one-hot on ``target_argmax``.
+    """
+    num_tokens = draft_token_ids.shape[0]
+    batch = cu_num_draft_tokens.shape[0]
+    device = target_probs.device
+    index, valid = padded_token_index(cu_num_draft_tokens, max_spec_len, num_tokens)
+    if spent is None:
+        spent = torch.zeros(batch, dtype=torch.float64, device=device)
+
+    tokens = draft_token_ids.long()
+    real = tokens >= 0  # [T]
+    safe_tokens = tokens.clamp_min(0)
+    greedy_flat = _greedy_flat(is_greedy, cu_num_draft_tokens, num_tokens)  # [T]
+    greedy_tok = _pad(greedy_flat, index, False)  # [B, K]
+
+    # --- the rule's per-token quantities, on the flat layout (nsd.verify, unchanged math)
+    in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
+    p_x = target_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)  # [T] float32
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q_x = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
+    # float32 division as the engine does it, so θ = 0 reproduces its decisions exactly.
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(p_x))
+    # The engine rejects q(x) = 0 (a proposer bug) and padded drafts (token -1) outright.
+    exact_random = torch.where((q_x > 0) & real, ratio.double().clamp(max=1.0),
+                               torch.zeros_like(ratio, dtype=torch.float64))
+    hit_argmax = tokens == target_argmax.long()
+
+    # --- per position, padded [B, K]
+    in_set = _pad(in_set & real, index, False)
+    excess_rand = _pad(torch.where(real, excess, torch.zeros_like(excess)), index, 0.0)
+    # Greedy: p is one-hot, q is treated as one-hot (greedy drafts), so E = 1[x ∈ N, x ≠ argmax].
+    excess_greedy = (in_set & ~_pad(hit_argmax, index, True)).double()
+    excess = torch.where(greedy_tok, excess_greedy, excess_rand)
+    exact = torch.where(greedy_tok, _pad(hit_argmax & real, index, False).double(),
+                        _pad(exact_random, index, 0.0))
+
+    weights = relaxation_weights(rule, excess, spent)  # [B, K]
+    weights = torch.where(greedy_tok, (weights >= 1.0).double(), weights)  # all-or-nothing
+    accept_prob = relaxed_acceptance(exact, in_set, weights)
+    if accept_uniforms is None:
+        uniforms = torch.ones_like(accept_prob)  # every request greedy: never consulted
+    else:
+        uniforms = _pad(accept_uniforms, index, 1.0)
+    accepted = torch.where(greedy_tok, accept_prob >= 1.0, uniforms <= accept_prob) & valid
+    relaxed = accepted & torch.where(greedy_tok, exact < 1.0, uniforms > exact)
+
+    # --- first rejection, vectorised; emit slots in the engine's format
+    leading = (~accepted).cumsum(dim=-1) == 0  # [B, K] accepted prefix
+    num_accepted = leading.sum(dim=-1)  # [B]
+    counts = valid.sum(dim=-1)  # [B]
+    has_rejection = num_accepted < counts
+    rejected_at = num_accepted.clamp(max=max(max_spec_len - 1, 0)).unsqueeze(-1)  # [B, 1]
+    emitted = leading | (torch.zeros_like(leading).scatter(-1, rejected_at, has_rejection.unsqueeze(-1))
+                         if max_spec_len > 0 else leading)
+    deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
+
+    if recovered_token_ids is None:
+        recovered_flat = target_argmax.long()
+    else:
+        recovered_flat = torch.where(greedy_flat, target_argmax.long(), recovered_token_ids.long())
+    recovered = _pad(recovered_flat, index, 0)  # [B, K]
+    draft_pad = _pad(tokens, index, PLACEHOLDER_TOKEN_ID)
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
+    out[:, :max_spec_len] = torch.where(leading, draft_pad, out[:, :max_spec_len])
+    if max_spec_len > 0:
+        at_rejection = recovered.gather(-1, rejected_at).squeeze(-1)
+    else:
+        at_rejection = torch.zeros(batch, dtype=torch.int64, device=device)
+    last = torch.where(has_rejection, at_rejection, bonus_token_ids.reshape(batch).long())
+    out.scatter_(-1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    return RaggedVerifyResult(
+        output_token_ids=out.to(torch.int32),
+        num_accepted=num_accepted,
+        relaxed=relaxed & leading,
+        deviation=deviation,
+        spent=spent + deviation.sum(dim=-1),
+    )
+
+
+def _greedy_flat(is_greedy: torch.Tensor, cu_num_draft_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``is_greedy`` expanded from requests to flat tokens, ``[T]`` bool."""
+    return is_greedy.to(torch.bool)[token_request_index(cu_num_draft_tokens, num_tokens)]

@@ -1,0 +1,213 @@
+"""nsd's rule on vLLM's flattened ragged layout, without vLLM.
+
+The stock behaviour is pinned by ``vllm_stock_reference`` (a per-token reference written
+from vLLM 0.32's source); ``tests/vllm/`` repeats the equivalence check against the real
+stock function when vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nsd.integrations.vllm.sampler import nsd_rejection_sample
+from nsd.ragged import padded_token_index
+from nsd.verify import RuleConfig, relaxed_set_mask
+from vllm_stock_reference import stock_rejection_sample
+
+EXACT = RuleConfig(kind="exact")
+NOTHING_RELAXED = (EXACT, RuleConfig(kind="nucleus", theta=0.0),
+                   RuleConfig(kind="nucleus", theta=0.9, budget=0.0),
+                   RuleConfig(kind="nucleus", theta=0.9, budget=0.0, smooth=True))
+
+
+def ragged_case(seed: int, mode: str, with_q: bool, batch: int = 12, max_k: int = 5,
+                vocab: int = 32, padded_draft: bool = True) -> dict:
+    """A random ragged batch in vLLM's layout; some requests seeded, some without drafts."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, max_k + 1, (batch,), generator=gen).tolist()
+    counts[0] = max_k
+    num_tokens = sum(counts)
+    logits = 3.0 * torch.randn(num_tokens, vocab, generator=gen)
+    q = None
+    if with_q:
+        q = torch.softmax(logits + 2.0 * torch.randn(num_tokens, vocab, generator=gen), -1)
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(-1)
+    else:
+        # Deterministic proposals: often the argmax, otherwise a likely token.
+        top2 = logits.topk(2, dim=-1).indices
+        drafts = top2[torch.arange(num_tokens), torch.randint(0, 2, (num_tokens,), generator=gen)]
+    if padded_draft and num_tokens > 3:
+        drafts[3] = -1  # a padded draft, which the engine must reject
+    if mode == "greedy":
+        greedy = [True] * batch
+    elif mode == "random":
+        greedy = [False] * batch
+    else:
+        greedy = (torch.rand(batch, generator=gen) < 0.5).tolist()
+        greedy[0], greedy[1] = True, False
+    return dict(
+        draft_token_ids=drafts.to(torch.int32),
+        num_draft_tokens=counts,
+        max_spec_len=max_k,
+        cu_num_draft_tokens=torch.tensor(counts).cumsum(0).to(torch.int32),
+        draft_probs=q,
+        target_logits=logits,
+        bonus_token_ids=torch.randint(0, vocab, (batch, 1), generator=gen),
+        greedy=greedy,
+        seeded={b: 1000 + b for b in range(batch) if b % 3 == 1},
+    )
+
+
+def metadata(case: dict) -> SimpleNamespace:
+    greedy = case["greedy"]
+    return SimpleNamespace(
+        all_greedy=all(greedy), all_random=not any(greedy),
+        temperature=torch.tensor([0.0 if g else 0.8 for g in greedy]),
+        generators={b: torch.Generator().manual_seed(s) for b, s in case["seeded"].items()},
+    )
+
+
+def run_nsd(rule: RuleConfig, case: dict, seed: int, spent: torch.Tensor | None = None,
+            meta: SimpleNamespace | None = None, float32_uniforms: bool = False):
+    meta = meta or metadata(case)
+    torch.manual_seed(seed)
+    return nsd_rejection_sample(rule, case["draft_token_ids"], case["num_draft_tokens"],
+                                case["max_spec_len"], case["cu_num_draft_tokens"], case["draft_probs"],
+                                case["target_logits"].clone(), case["bonus_token_ids"], meta, spent,
+                                float32_uniforms=float32_uniforms)
+
+
+def run_reference(case: dict, seed: int, float32_uniforms: bool = False) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return stock_rejection_sample(case["draft_token_ids"], case["num_draft_tokens"], case["max_spec_len"],
+                                  case["draft_probs"], case["target_logits"].clone(),
+                                  case["bonus_token_ids"], case["greedy"], metadata(case).generators,
+                                  float32_uniforms)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
+@pytest.mark.parametrize("with_q", [False, True])
+@pytest.mark.parametrize("f32", [False, True], ids=["gpu-uniforms", "cpu-uniforms"])
+def test_rules_that_relax_nothing_equal_the_stock_rule_bit_for_bit(mode: str, with_q: bool, f32: bool) -> None:
+    relaxed_more = 0
+    for trial in range(6):
+        case = ragged_case(10 * trial + 1, mode, with_q)
+        ref = run_reference(case, seed=trial, float32_uniforms=f32)
+        for rule in NOTHING_RELAXED:
+            res = run_nsd(rule, case, seed=trial, float32_uniforms=f32)
+            assert res.output_token_ids.dtype == torch.int32
+            assert torch.equal(res.output_token_ids, ref), (rule, res.output_token_ids, ref)
+            assert torch.all(res.deviation == 0) and not res.relaxed.any()
+        nsd = run_nsd(RuleConfig(kind="nucleus", theta=0.9), case, seed=trial)
+        relaxed_more += int(nsd.relaxed.sum())
+    # NSD accepts more than stock on the same inputs (the cases have likely non-argmax drafts).
+    assert relaxed_more > 0
+
+
+def test_padded_index_covers_each_request_once() -> None:
+    cu = torch.tensor([2, 2, 5, 6], dtype=torch.int32)
+    index, valid = padded_token_index(cu, 3, 6)
+    assert index.tolist() == [[0, 1, 6], [6, 6, 6], [2, 3, 4], [5, 6, 6]]
+    assert valid.sum().item() == 6
+
+
+def _single_position_batch(p: torch.Tensor, q: torch.Tensor | None, x_fixed: int | None, n: int, gen):
+    """n requests, one draft each, all with target p and draft q (or a fixed one-hot draft)."""
+    vocab = p.shape[0]
+    logits = p.log().float().expand(n, vocab).contiguous()
+    if q is None:
+        drafts = torch.full((n,), x_fixed, dtype=torch.int32)
+        draft_probs = None
+    else:
+        drafts = torch.multinomial(q.float(), n, replacement=True, generator=gen).to(torch.int32)
+        draft_probs = q.float().expand(n, vocab).contiguous()
+    return dict(draft_token_ids=drafts, num_draft_tokens=[1] * n, max_spec_len=1,
+                cu_num_draft_tokens=torch.arange(1, n + 1, dtype=torch.int32), draft_probs=draft_probs,
+                target_logits=logits, bonus_token_ids=torch.zeros(n, 1, dtype=torch.int64),
+                greedy=[False] * n, seeded={})
+
+
+@pytest.mark.parametrize("theta", [0.5, 0.9])
+def test_single_position_output_has_tv_e_and_acceptance_alpha_plus_e(theta: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    vocab, n = 8, 200_000
+    # The draft over-weights the second token (inside both nuclei) and the fifth (inside
+    # N_0.9 only), so E is 0.15 at θ = 0.5 and 0.19 at θ = 0.9.
+    p = torch.tensor([0.35, 0.25, 0.15, 0.1, 0.06, 0.04, 0.03, 0.02], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.4, 0.1, 0.05, 0.1, 0.05, 0.05, 0.05], dtype=torch.float64)
+    case = _single_position_batch(p, q, None, n, gen)
+    p32 = case["target_logits"][0].softmax(-1).double()  # p as the engine computes it
+    rule = RuleConfig(kind="nucleus", theta=theta)
+    mask = relaxed_set_mask(p32.float().unsqueeze(0), rule)[0]
+    excess = ((q - p32).clamp_min(0) * mask).sum().item()
+    assert excess > 0.02  # the case must actually relax something
+    res = run_nsd(rule, case, seed=4)
+    first = res.output_token_ids[:, 0].long()
+    freq = torch.bincount(first, minlength=vocab).double() / n
+    # Empirical TV of a V=8 histogram: its noise is about sqrt(V / n) / 2 ≈ 0.003 here.
+    assert 0.5 * (freq - p32).abs().sum().item() == pytest.approx(excess, abs=0.01)
+    alpha = torch.minimum(p32, q).sum().item()
+    acc = res.num_accepted.double().mean().item()
+    assert acc == pytest.approx(alpha + excess, abs=5 * math.sqrt(0.25 / n))
+    assert torch.allclose(res.deviation[:, 0], torch.full((n,), excess, dtype=torch.float64), atol=1e-6)
+    # The exact rule on the same draws reproduces p.
+    exact = run_nsd(EXACT, case, seed=4)
+    freq = torch.bincount(exact.output_token_ids[:, 0].long(), minlength=vocab).double() / n
+    se = torch.sqrt(p32 * (1 - p32) / n)
+    assert torch.all((freq - p32).abs() <= 5 * se + 1e-4)
+
+
+def test_deterministic_draft_is_accepted_in_the_nucleus_and_charged_one_minus_p() -> None:
+    gen = torch.Generator().manual_seed(8)
+    p = torch.softmax(2.0 * torch.randn(8, generator=gen, dtype=torch.float64), -1)
+    x = int(torch.argsort(p, descending=True)[1])
+    case = _single_position_batch(p, None, x, 50_000, gen)
+    p_x = case["target_logits"][0].softmax(-1)[x].item()
+    exact = run_nsd(EXACT, case, seed=1)
+    assert exact.num_accepted.double().mean().item() == pytest.approx(p_x, abs=0.01)
+    nsd = run_nsd(RuleConfig(kind="nucleus", theta=0.9), case, seed=1)
+    assert torch.all(nsd.num_accepted == 1)
+    assert torch.allclose(nsd.deviation[:, 0], torch.full_like(nsd.deviation[:, 0], 1 - p_x), atol=1e-6)
+
+
+def test_greedy_accepts_nucleus_tokens_and_emits_argmax_on_rejection() -> None:
+    case = dict(draft_token_ids=torch.tensor([1, 0], dtype=torch.int32), num_draft_tokens=[2],
+                max_spec_len=2, cu_num_draft_tokens=torch.tensor([2], dtype=torch.int32), draft_probs=None,
+                target_logits=torch.tensor([[3.0, 2.8, -5.0, -5.0], [2.0, -1.0, -5.0, -5.0]]),
+                bonus_token_ids=torch.tensor([[3]]), greedy=[True], seeded={})
+    assert run_nsd(EXACT, case, 0).output_token_ids.tolist() == [[0, -1, -1]]
+    nsd = run_nsd(RuleConfig(kind="nucleus", theta=0.9), case, 0)
+    assert nsd.output_token_ids.tolist() == [[1, 0, 3]]
+    assert nsd.deviation.tolist() == [[1.0, 0.0]] and nsd.relaxed.tolist() == [[True, False]]
+    tight = run_nsd(RuleConfig(kind="nucleus", theta=0.9, budget=0.5), case, 0)
+    assert tight.output_token_ids.tolist() == [[0, -1, -1]] and tight.spent.item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["greedy", "mixed"])
+def test_budget_is_never_exceeded_across_steps(mode: str) -> None:
+    budget = 1.5
+    rule = RuleConfig(kind="nucleus", theta=0.95, budget=budget)
+    spent = None
+    for step in range(20):
+        case = ragged_case(500 + step, mode, with_q=(step % 2 == 0))
+        res = run_nsd(rule, case, seed=step, spent=spent)
+        spent = res.spent
+        assert torch.all(spent <= budget + 1e-12)
+    assert spent.max() > 0.5 * budget  # the budget is actually used
+
+
+def test_no_tensor_is_created_on_the_default_device() -> None:
+    # With the default device set to "meta", any factory call that forgets `device=` would
+    # make a meta tensor and the first op mixing it with the CPU inputs would fail.
+    case = ragged_case(7, "mixed", with_q=True)
+    expected = run_nsd(RuleConfig(kind="nucleus", theta=0.9, budget=2.0), case, seed=3)
+    meta = metadata(case)
+    spent = torch.zeros(12, dtype=torch.float64)
+    with torch.device("meta"):
+        res = run_nsd(RuleConfig(kind="nucleus", theta=0.9, budget=2.0), case, seed=3, spent=spent, meta=meta)
+    assert res.output_token_ids.device.type == "cpu"
+    assert torch.equal(res.output_token_ids, expected.output_token_ids)
