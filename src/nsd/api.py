@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
 from nsd.calibrate import Calibration, calibrate, measure
@@ -29,6 +29,7 @@ from nsd.weights import DERIVED_FORMATS, check_weights, gguf_for
 
 METHODS = ("ar", "sd", "nsd", "typical")
 BACKENDS = ("auto", "llama", "hf")
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
@@ -310,18 +311,44 @@ class Engine:
             ids.add(int(self.tokenizer.eos_token_id))
         return tuple(sorted(ids))
 
-    def encode(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
-        """Token ids of ``prompt``; with ``chat``, wrapped in the model's chat template."""
+    @property
+    def context_length(self) -> int | None:
+        """Tokens the loaded models can hold (prompt + generation), or None when unbounded."""
+        limits = [getattr(m, attr) for m in (self.target, self.draft) if m is not None
+                  for attr in ("n_ctx", "max_positions") if isinstance(getattr(m, attr, None), int)]
+        return min(limits) if limits else None
+
+    def encode(self, prompt: str | Sequence[Mapping[str, str]], chat: bool = False,
+               system: str | None = None) -> list[int]:
+        """Token ids of ``prompt``; with ``chat``, wrapped in the model's chat template.
+
+        ``prompt`` may also be a conversation: a list of ``{"role", "content"}`` messages
+        with roles ``system``, ``user`` and ``assistant``, always wrapped in the template.
+        """
+        if not isinstance(prompt, str):
+            return self._encode_messages(list(prompt))
         if not prompt or not prompt.strip():
             raise NSDError("the prompt is empty")
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise NSDError("this model's tokenizer has no chat template; drop --chat")
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return self._encode_messages(messages)
         return self.tokenizer.encode(prompt)
+
+    def _encode_messages(self, messages: list[Mapping[str, str]]) -> list[int]:
+        for i, message in enumerate(messages):
+            if message.get("role") not in CHAT_ROLES:
+                raise NSDError(f"message {i} has role {message.get('role')!r}; roles are "
+                               f"{', '.join(CHAT_ROLES)}")
+            if not isinstance(message.get("content"), str):
+                raise NSDError(f"message {i} has no text content")
+        if not any(m["content"].strip() for m in messages):
+            raise NSDError("the prompt is empty")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
+        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+        text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def make_proposer(self, config: DecodeConfig) -> Proposer | None:
         if not config.speculative:

@@ -1,4 +1,5 @@
-"""Command-line interface: ``nsd generate``, ``nsd compare``, ``nsd models``, ``nsd bench``.
+"""Command-line interface: ``nsd generate``, ``nsd compare``, ``nsd serve``, ``nsd models``,
+``nsd bench``.
 
 argparse lives here and only here; everything below it takes frozen configs. Errors the
 user can cause print one line and exit with status 2, never a traceback.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Sequence
 
@@ -172,6 +174,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nsd.serve import ServerConfig, run_server
+    from nsd.serve.server import default_model_name
+
+    config = ServerConfig(
+        model_name=args.served_model_name or default_model_name(args.target),
+        defaults=generation_config(args), host=args.host, port=args.port, api_key=args.api_key,
+        queue_size=args.queue_size, request_timeout_s=args.request_timeout,
+        shutdown_timeout_s=args.shutdown_timeout)
+    run_server(config, lambda: make_engine(args), log_level=args.log_level)
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from nsd.compare import DEFAULT_PROMPTS, run_compare
 
@@ -229,6 +244,24 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--prompt", default=None, help="one prompt instead of the built-in ones")
     cmp_.add_argument("--chat", action="store_true")
     cmp_.set_defaults(func=cmd_compare)
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
+    add_model_args(srv)
+    add_decoding_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--api-key", default=os.environ.get("NSD_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' (default: $NSD_API_KEY, else none)")
+    srv.add_argument("--served-model-name", default=None,
+                     help="the id clients send as 'model' (default: the --target name)")
+    srv.add_argument("--queue-size", type=int, default=16,
+                     help="requests that may wait behind the running one; more get 429")
+    srv.add_argument("--request-timeout", type=_float_arg, default=600.0, metavar="S",
+                     help="seconds from arrival to the last token, queueing included")
+    srv.add_argument("--shutdown-timeout", type=_float_arg, default=30.0, metavar="S",
+                     help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    srv.set_defaults(func=cmd_serve)
 
     mod = sub.add_parser("models", help="list, fetch or verify the registry models")
     msub = mod.add_subparsers(dest="models_cmd", required=True)

@@ -1,0 +1,269 @@
+"""The OpenAI wire format: request models, error objects, response and chunk bodies.
+
+Requests are validated strictly (a string where a number belongs is an error, not a
+conversion) so that every mistake becomes a 400 naming the field instead of a surprise.
+Unknown top-level fields are ignored, as OpenAI clients send many optional ones; the
+``nsd`` object is ours, so a typo there is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from nsd.api import GenerationConfig, GenerationResult
+from nsd.errors import NSDError
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, type_: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type, self.headers = type_, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class NsdOptions(BaseModel):
+    """The ``nsd`` extra body field; anything left out takes the server's flag."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    method: Literal["ar", "sd", "nsd", "typical"] | None = None
+    theta: float | None = Field(None, ge=0.0, le=1.0)
+    budget: float | None = Field(None, ge=0.0)
+    cap: float | None = Field(None, ge=0.0)
+    smooth: bool | None = None
+    k: Any = None  # an int >= 1, or "auto": the cost model picks k before each block
+    k_max: int | None = Field(None, ge=1)  # largest k for "auto" and adaptive_k
+    adaptive_k: bool | None = None
+    typical_epsilon: float | None = Field(None, ge=0.0)
+    typical_delta: float | None = Field(None, ge=0.0)
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _check_k(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError('must be an integer >= 1 or "auto"')
+        return value
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # not OpenAI's, but widely sent as an extra field
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    stop: Any = None
+    seed: int | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    nsd: NsdOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return tuple(value)
+        raise ValueError("must be a string or a list of strings")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def requested_tokens(self) -> int | None:
+        """``max_completion_tokens`` wins over the older ``max_tokens`` when both are set."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def prompt_param(self) -> str:
+        return "prompt"
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Any  # a string, or token ids; one prompt per request
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> str | list[int]:
+        # OpenAI also allows a list of prompts; a list holding one is unwrapped.
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+            value = value[0]
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(type(t) is int for t in value):
+            return value
+        if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
+            raise ValueError("several prompts in one request are not supported; send one per request")
+        raise ValueError("must be a string or a list of token ids")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    # OpenAI's newer "developer" role plays the system role.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Any
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _check_content(cls, value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                           and isinstance(p.get("text"), str) for p in value):
+            return "".join(p["text"] for p in value)
+        raise ValueError("must be a string or a list of text parts")
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+
+
+class ChatRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages"
+
+
+def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationRequest:
+    """Validate a request body; every failure is an :class:`ApiError` naming the field."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param_name(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "this field is required"
+        elif err["type"] == "extra_forbidden":
+            msg = f"unknown field; nsd takes {', '.join(NsdOptions.model_fields)}"
+        raise ApiError(400, f"{param}: {msg}" if param else msg, param=param,
+                       code="missing_field" if err["type"] == "missing" else "invalid_value") from None
+    if request.n not in (None, 1):
+        raise ApiError(400, f"n: only n = 1 is supported (one sequence per request), got {request.n}",
+                       param="n", code="invalid_value")
+    return request
+
+
+def _param_name(loc: tuple[Any, ...]) -> str | None:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
+                      max_new_tokens: int) -> GenerationConfig:
+    """The request's settings over the server's defaults, validated by the library itself."""
+    overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if getattr(request, name) is not None:
+            overrides[name] = getattr(request, name)
+    if request.stop:
+        overrides["stop"] = request.stop
+    if request.nsd is not None:
+        overrides.update(request.nsd.model_dump(exclude_none=True))
+    try:
+        config = dataclasses.replace(defaults, **overrides)
+        config.decode_config()  # raises on any knob the library refuses
+    except (NSDError, TypeError, ValueError) as exc:
+        message = str(exc)
+        # Name the field the library's message mentions first ("k_max (3) must be >= k (6)").
+        hits = [(m.start(), n) for n in overrides
+                if (m := re.search(rf"\b{re.escape(n)}\b", message)) is not None]
+        name = min(hits)[1] if hits else None
+        param = f"nsd.{name}" if name and request.nsd and name in request.nsd.model_fields_set else name
+        raise ApiError(400, message, param=param, code="invalid_value") from None
+    return config
+
+
+# ----------------------------------------------------------------------------- responses
+
+def finish_reason(result: GenerationResult) -> str:
+    return "length" if result.stats.stop_reason == "length" else "stop"
+
+
+def usage(result: GenerationResult) -> dict[str, Any]:
+    stats = result.stats
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
+            "total_tokens": stats.prompt_tokens + stats.new_tokens, "nsd": stats.to_dict()}
+
+
+class ResponseBuilder:
+    """Bodies of one response (whole or streamed) in OpenAI's shapes."""
+
+    def __init__(self, model: str, chat: bool) -> None:
+        self.model, self.chat = model, chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, result: GenerationResult) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None, "finish_reason": finish_reason(result)}
+            body = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": result.text, "logprobs": None,
+                      "finish_reason": finish_reason(result)}
+            body = self._base("text_completion")
+        return {**body, "choices": [choice], "usage": usage(result)}
+
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              usage_body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One stream chunk: text, a finish reason, the chat role opener, or the usage."""
+        if self.chat:
+            body = self._base("chat.completion.chunk")
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else \
+                ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            body = self._base("text_completion")
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if usage_body is not None:  # OpenAI's usage chunk has no choices
+            return {**body, "choices": [], "usage": usage_body}
+        return {**body, "choices": [choice], "usage": None}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()

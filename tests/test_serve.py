@@ -1,0 +1,297 @@
+"""The HTTP server on a mock engine: response shapes, streaming format, every kind of bad
+input answered with its status and an OpenAI error object, API keys, metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from nsd.api import GenerationConfig
+from nsd.cli import main
+from nsd.serve import ServerConfig
+from serve_support import mock_engine, running_server, sse_events
+
+DEFAULTS = GenerationConfig(method="nsd", max_new_tokens=12, k=3)
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = mock_engine(n_ctx=128)
+    with running_server(engine, ServerConfig(model_name="mock", defaults=DEFAULTS)) as (url, app):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            yield client, engine
+
+
+def _completion(client, **body):
+    return client.post("/v1/completions", json={"model": "mock", "prompt": "abcabc", **body})
+
+
+def test_completion_matches_the_library_and_reports_stats(server) -> None:
+    client, engine = server
+    r = _completion(client, max_tokens=10, seed=3)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "mock"
+    expected = engine.generate("abcabc", GenerationConfig(**{**DEFAULTS.__dict__, "max_new_tokens": 10,
+                                                              "seed": 3}))
+    choice = body["choices"][0]
+    assert choice["text"] == expected.text and choice["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 10 == usage["nsd"]["new_tokens"]
+    assert usage["prompt_tokens"] == 6 and usage["total_tokens"] == 16
+    for key in ("method", "tau", "acceptance_rate", "acceptance_by_position", "relaxed_accepts",
+                "deviation", "deviation_per_token", "wall_s", "prefill_s"):
+        assert key in usage["nsd"]
+    assert usage["nsd"]["method"] == "nsd"
+    assert usage["nsd"]["accepted_per_pass"] == expected.stats.accepted_per_pass
+
+
+def test_chat_uses_the_template_with_all_roles(server) -> None:
+    client, engine = server
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "more"}]}]
+    r = client.post("/v1/chat/completions", json={"model": "mock", "messages": messages,
+                                                  "max_completion_tokens": 8})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    flat = [{**m, "content": m["content"] if isinstance(m["content"], str) else "more"} for m in messages]
+    ids = engine.encode(flat)
+    expected = engine.generate(ids, GenerationConfig(**{**DEFAULTS.__dict__, "max_new_tokens": 8}))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": expected.text}
+    assert body["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streaming_chunks_and_done(server, chat: bool) -> None:
+    client, _ = server
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {"model": "mock", "max_tokens": 12, "temperature": 0.8, "seed": 11}
+    body.update({"messages": [{"role": "user", "content": "abcab"}]} if chat else {"prompt": "abcab"})
+    whole = client.post(path, json=body).json()
+    with client.stream("POST", path, json={**body, "stream": True,
+                                            "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.read().decode())
+    assert events[-1] == "[DONE]"
+    usage_chunk, chunks = events[-2], events[:-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
+        **whole["usage"], "nsd": {**usage_chunk["usage"]["nsd"]}}
+    assert usage_chunk["usage"]["nsd"]["new_tokens"] == whole["usage"]["nsd"]["new_tokens"]
+    if chat:
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert text == whole["choices"][0]["message"]["content"]
+    else:
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        assert text == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_stream_without_usage_has_none(server) -> None:
+    client, _ = server
+    with client.stream("POST", "/v1/completions", json={"model": "mock", "prompt": "ab",
+                                                         "max_tokens": 4, "stream": True}) as r:
+        events = sse_events(r.read().decode())
+    assert events[-1] == "[DONE]" and all(e["usage"] is None for e in events[:-1])
+
+
+def test_stop_string_and_nsd_knobs(server) -> None:
+    client, _ = server
+    text = _completion(client, max_tokens=12).json()["choices"][0]["text"]
+    stop = text[4:6]
+    r = _completion(client, max_tokens=12, stop=[stop, "zz"])
+    assert r.json()["choices"][0]["text"] == text[:text.find(stop)]
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    for method in ("ar", "sd", "typical"):
+        stats = _completion(client, max_tokens=6, nsd={"method": method}).json()["usage"]["nsd"]
+        assert stats["method"] == method
+    stats = _completion(client, max_tokens=6, nsd={"theta": 0.0}).json()["usage"]["nsd"]
+    assert stats["method"] == "sd" and stats["deviation"] == 0.0  # θ = 0 is exactly SD
+    stats = _completion(client, max_tokens=12, nsd={"budget": 0.5, "k": 2}).json()["usage"]["nsd"]
+    assert stats["deviation"] <= 0.5
+
+
+def test_k_auto_is_passed_to_the_library(server) -> None:
+    client, _ = server
+    r = _completion(client, max_tokens=6, nsd={"k": "auto", "k_max": 3})
+    assert r.status_code == 200
+    stats = r.json()["usage"]["nsd"]
+    assert stats["new_tokens"] == 6 and all(k <= 3 for k in stats["k_per_pass"])
+
+
+BAD = [
+    ("/v1/completions", b"{not json", 400, None, "invalid_json"),
+    ("/v1/completions", b"[1, 2]", 400, None, "invalid_json"),
+    ("/v1/completions", {"prompt": "ab"}, 400, "model", "missing_field"),
+    ("/v1/completions", {"model": "mock"}, 400, "prompt", "missing_field"),
+    ("/v1/chat/completions", {"model": "mock"}, 400, "messages", "missing_field"),
+    ("/v1/chat/completions", {"model": "mock", "messages": []}, 400, "messages", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "tool", "content": "x"}]},
+     400, "messages[0].role", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": 5}]},
+     400, "messages[0].content", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "  "}]},
+     400, "messages", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": "hi"}, 400, "messages", None),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "ab"}, 404, "model", "model_not_found"),
+    ("/v1/completions", {"model": 7, "prompt": "ab"}, 400, "model", None),
+    ("/v1/completions", {"model": "mock", "prompt": ""}, 400, "prompt", None),
+    ("/v1/completions", {"model": "mock", "prompt": "   "}, 400, "prompt", None),
+    ("/v1/completions", {"model": "mock", "prompt": 5}, 400, "prompt", None),
+    ("/v1/completions", {"model": "mock", "prompt": ["a", "b"]}, 400, "prompt", None),
+    ("/v1/completions", {"model": "mock", "prompt": [1, 99]}, 400, "prompt", None),
+    ("/v1/completions", {"model": "mock", "prompt": "a" * 200}, 400, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "max_tokens": 127}, 400, "max_tokens",
+     "context_length_exceeded"),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "max_tokens": -3}, 400, "max_tokens", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "max_tokens": "5"}, 400, "max_tokens", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "max_tokens": 2.5}, 400, "max_tokens", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x"}],
+                              "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "temperature": "hot"}, 400, "temperature", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "temperature": -1}, 400, "temperature", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "top_p": 0}, 400, "top_p", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "stop": 5}, 400, "stop", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "seed": "x"}, 400, "seed", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "stream": "yes"}, 400, "stream", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "n": 2}, 400, "n", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "n": 0}, 400, "n", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"theta": 1.5}}, 400, "nsd.theta", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"theta": -0.1}}, 400, "nsd.theta", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"budget": -1}}, 400, "nsd.budget", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 0}}, 400, "nsd.k", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "fast"}}, 400, "nsd.k", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 6, "adaptive_k": True,
+                                                                  "k_max": 3}}, 400, "nsd.k_max", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "greedy"}}, 400,
+     "nsd.method", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"thta": 0.5}}, 400, "nsd.thta", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": "fast"}, 400, "nsd", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "min_p": 2}, 400, "min_p", None),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param, code", BAD)
+def test_bad_input_gets_an_error_object(server, path, body, status, param, code) -> None:
+    client, _ = server
+    r = client.post(path, content=body) if isinstance(body, bytes) else client.post(path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if param:
+        assert param.split("[")[0].split(".")[-1] in error["message"]
+    assert "Traceback" not in r.text
+    assert client.get("/health").json()["status"] == "ok"  # still serving
+
+
+def test_oversized_body_and_unknown_routes(server) -> None:
+    client, _ = server
+    r = client.post("/v1/completions", content=b" " * (5 << 20))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = client.get("/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_models_health_metrics(server) -> None:
+    client, _ = server
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["mock"]
+    assert client.get("/health").json() == {"status": "ok", "model": "mock", "busy": False,
+                                            "queue_depth": 0}
+    _completion(client, max_tokens=5)
+    text = client.get("/metrics").text
+    for name in ("nsd_requests_total", "nsd_completion_tokens_total", "nsd_prompt_tokens_total",
+                 "nsd_time_to_first_token_seconds_bucket", "nsd_tokens_per_second_bucket",
+                 "nsd_tau_bucket", "nsd_acceptance_by_position", "nsd_position_accepts_total",
+                 "nsd_relaxed_accepts_total", "nsd_deviation_per_token_bucket", "nsd_queue_depth",
+                 "nsd_requests_in_progress", "nsd_queue_wait_seconds_bucket"):
+        assert name in text, name
+    assert 'nsd_requests_total{endpoint="/v1/completions",status="200"}' in text
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    config = ServerConfig(model_name="secret-model", defaults=DEFAULTS, api_key="k3y")
+    with running_server(mock_engine(), config) as (url, _):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            yield client
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "k3y"},
+                                     {"Authorization": "Basic k3y"}])
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/v1/completions", {"model": "secret-model", "prompt": "ab", "max_tokens": 2}),
+    ("POST", "/v1/completions", {"bad": True}),  # auth comes before validation
+    ("GET", "/v1/models", None),
+    ("GET", "/metrics", None),
+    ("GET", "/v1/unknown", None),  # not even which paths exist
+])
+def test_api_key_required(keyed, headers, method, path, body) -> None:
+    r = keyed.request(method, path, json=body, headers=headers)
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "invalid_api_key" and "secret-model" not in r.text
+    assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_api_key_accepted_and_health_open(keyed) -> None:
+    auth = {"Authorization": "Bearer k3y"}
+    r = keyed.post("/v1/completions", json={"model": "secret-model", "prompt": "ab", "max_tokens": 2},
+                   headers=auth)
+    assert r.status_code == 200
+    assert keyed.get("/v1/models", headers=auth).status_code == 200
+    assert keyed.get("/health").status_code == 200
+
+
+def test_usage_is_json_serialisable_numbers(server) -> None:
+    client, _ = server
+    body = _completion(client, max_tokens=4).json()
+    json.dumps(body, allow_nan=False)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--theta", "1.5"], "theta"),
+    (["--queue-size", "-1"], "queue size"),
+    (["--request-timeout", "0"], "request timeout"),
+    (["--port", "70000"], "port"),
+])
+def test_cli_serve_bad_flags_exit_2(flags, message, capsys) -> None:
+    assert main(["serve", "--target", "smollm2-135m-instruct", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_serve_port_in_use_fails_before_loading(capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--target", "no-such-model-would-fail-later", "--port", str(port)]) == 2
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def test_engine_encodes_a_conversation() -> None:
+    from nsd.errors import NSDError
+
+    engine = mock_engine()
+    convo = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert engine.encode(convo) == engine.tokenizer.encode("<system>s<user>u<assistant>")
+    assert engine.encode("u", chat=True, system="s") == engine.encode(convo)
+    with pytest.raises(NSDError, match="role"):
+        engine.encode([{"role": "tool", "content": "x"}])
+    with pytest.raises(NSDError, match="empty"):
+        engine.encode([{"role": "user", "content": " "}])

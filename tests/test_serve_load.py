@@ -1,0 +1,180 @@
+"""Scheduling on a slow mock engine: the bounded queue (429 + Retry-After), per-request
+timeouts, cancellation on client disconnect, many concurrent clients, SIGTERM shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nsd.api import GenerationConfig
+from nsd.serve import ServerConfig
+from serve_support import mock_engine, running_server, sse_events, wait_until
+
+DELAY = 0.02  # seconds per target forward of the slow mock
+AR = GenerationConfig(method="ar", max_new_tokens=8)
+
+
+def _post(url: str, prompt: str, max_tokens: int, stream: bool = False, seed: int = 0,
+          timeout: float = 60) -> httpx.Response:
+    body = {"model": "mock", "prompt": prompt, "max_tokens": max_tokens, "stream": stream,
+            "seed": seed, "temperature": 1.0}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=timeout)
+
+
+def _metric(url: str, line_start: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_full_queue_answers_429_with_retry_after() -> None:
+    config = ServerConfig(model_name="mock", defaults=AR, queue_size=1)
+    with running_server(mock_engine(delay=DELAY), config) as (url, app):
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(_post, url, "abc", 40)  # ~0.8 s of decoding
+            wait_until(lambda: app.state.worker.busy)
+            queued = pool.submit(_post, url, "abd", 5)
+            wait_until(lambda: app.state.worker.depth == 1)
+            refused = _post(url, "abe", 5)
+            assert refused.status_code == 429
+            assert int(refused.headers["retry-after"]) >= 1
+            assert refused.json()["error"]["code"] == "queue_full"
+            assert running.result().status_code == 200 and queued.result().status_code == 200
+        assert _metric(url, 'nsd_rejections_total{reason="queue_full"}') == 1
+        assert httpx.get(f"{url}/health").json()["queue_depth"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_timeout(stream: bool) -> None:
+    config = ServerConfig(model_name="mock", defaults=AR, request_timeout_s=0.3)
+    with running_server(mock_engine(delay=DELAY), config) as (url, app):
+        r = _post(url, "abc", 500, stream=stream)
+        if stream:
+            events = sse_events(r.text)
+            assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
+        else:
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        wait_until(lambda: not app.state.worker.busy, timeout=2)  # cancelled at the next block
+        assert _post(url, "abc", 3).status_code == 200
+        assert _metric(url, 'nsd_cancellations_total{reason="timeout"}') == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_cancels_generation(stream: bool) -> None:
+    config = ServerConfig(model_name="mock", defaults=AR)
+    with running_server(mock_engine(delay=DELAY), config) as (url, app):
+        # 2000 tokens would take ~40 s; the next request must not wait for them.
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"model": "mock", "prompt": "abc", "max_tokens": 2000, "stream": stream})
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                          f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+            if stream:  # read until the first text chunk has arrived
+                received = b""
+                while received.count(b"data: ") < 2:
+                    received += sock.recv(4096)
+            wait_until(lambda: app.state.worker.busy)
+            time.sleep(0.1)
+        start = time.perf_counter()
+        wait_until(lambda: not app.state.worker.busy, timeout=3)
+        r = _post(url, "abd", 3)
+        assert r.status_code == 200 and time.perf_counter() - start < 3
+        assert _metric(url, 'nsd_cancellations_total{reason="disconnect"}') == 1
+
+
+def test_sixteen_concurrent_clients_get_their_own_answers() -> None:
+    clients, per_client = 16, 4
+    config = ServerConfig(model_name="mock", defaults=AR, queue_size=8)
+    prompts = [f"client{i:02d}" for i in range(clients)]
+    with running_server(mock_engine(delay=0.002), config) as (url, app):
+        # Sequential answers first: each client's prompt and seed fix its expected text.
+        expected = {p: _post(url, p, 10, seed=i).json()["choices"][0]["text"]
+                    for i, p in enumerate(prompts)}
+        assert len(set(expected.values())) == clients
+
+        def client(i: int) -> list[tuple[int, str | None]]:
+            out = []
+            for j in range(per_client):
+                stream = j % 2 == 1
+                r = _post(url, prompts[i], 10, stream=stream, seed=i)
+                if r.status_code == 429:
+                    out.append((429, None))
+                    time.sleep(0.05)
+                    continue
+                assert r.status_code == 200, r.text
+                if stream:
+                    events = sse_events(r.text)
+                    assert events[-1] == "[DONE]"
+                    text = "".join(e["choices"][0]["text"] for e in events[:-1])
+                else:
+                    text = r.json()["choices"][0]["text"]
+                out.append((200, text))
+            return out
+
+        with ThreadPoolExecutor(clients) as pool:
+            results = list(pool.map(client, range(clients)))
+        answered = 0
+        for i, outcomes in enumerate(results):
+            assert len(outcomes) == per_client  # none lost
+            for status, text in outcomes:
+                if status == 200:
+                    assert text == expected[prompts[i]]  # not mixed with another's tokens
+                    answered += 1
+        assert answered >= clients  # the queue admits a good share
+        assert httpx.get(f"{url}/health").json() == {"status": "ok", "model": "mock", "busy": False,
+                                                     "queue_depth": 0}
+        assert _metric(url, "nsd_requests_in_progress") == 0
+
+
+SERVER_SCRIPT = """
+import sys
+from nsd.api import GenerationConfig
+from nsd.serve import ServerConfig, run_server
+from serve_support import mock_engine
+config = ServerConfig(model_name="mock", port=0, defaults=GenerationConfig(method="ar"),
+                      shutdown_timeout_s=10)
+run_server(config, lambda: mock_engine(delay=0.02), log_level="warning")
+"""
+
+
+def test_sigterm_finishes_running_request_and_refuses_queued() -> None:
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "nsd serve: mock at http://" in line, line
+        url = line.split(" at ", 1)[1].strip()
+        results: dict[str, httpx.Response] = {}
+        running = threading.Thread(target=lambda: results.update(a=_post(url, "abc", 60, stream=True)))
+        running.start()
+        wait_until(lambda: httpx.get(f"{url}/health").json()["busy"])
+        queued = threading.Thread(target=lambda: results.update(b=_post(url, "abd", 5)))
+        queued.start()
+        wait_until(lambda: httpx.get(f"{url}/health").json()["queue_depth"] == 1)
+        proc.send_signal(signal.SIGTERM)
+        running.join(30)
+        queued.join(30)
+        assert proc.wait(30) == 0
+        events = sse_events(results["a"].text)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]).__len__() == 60  # complete
+        assert results["b"].status_code == 503
+        assert results["b"].json()["error"]["code"] == "shutting_down"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
