@@ -16,7 +16,7 @@ COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
 run() {
     local name=$1; shift
     echo "== $name: $NSD bench ${COMMON[*]} $* --out $OUT/$name" >&2
-    "$NSD" bench "${COMMON[@]}" "$@" --out "$OUT/$name"
+    "$NSD" bench "${COMMON[@]}" "$@" --rerun-loaded --out "$OUT/$name"
 }
 for name in "${@:-humaneval-t0 specbench-t0 humaneval-t0.8 specbench-t0.8}"; do
     for one in $name; do

@@ -246,3 +246,14 @@ def test_k_variants_are_labelled_and_paired_with_their_sd(tmp_path: Path) -> Non
     summary, text = write_report(tmp_path, records, specs, settings, max_other_cpu=0.25)
     assert "Cost breakdown per target pass" in text
     assert 1.0 < {r["method"]: r["mean_k"] for r in summary}["sd/draft/k=2"] <= 2.0
+
+
+def test_rerun_loaded_drops_whole_prompts(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, SETTINGS)
+    for prompt, method, flagged in [("p1", "ar", False), ("p1", "sd/draft", True),
+                                    ("p2", "ar", False), ("p2", "sd/draft", False)]:
+        journal.append({"prompt": prompt, "method": method, "load": {"flagged": flagged}})
+    assert journal.drop_loaded_prompts() == 1
+    assert set(journal.records) == {("p2", "ar"), ("p2", "sd/draft")}
+    reread = Journal(tmp_path, SETTINGS)  # the journal on disk says the same
+    assert set(reread.records) == {("p2", "ar"), ("p2", "sd/draft")}

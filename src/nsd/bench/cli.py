@@ -105,6 +105,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--max-other-load", type=float, default=0.25,
                      help="flag calls during which other processes used more than this share of "
                           "all CPU cores (default 0.25)")
+    run.add_argument("--rerun-loaded", action="store_true",
+                     help="on resume, run again every prompt with a call that was flagged as "
+                          "loaded (all its methods, so they stay interleaved)")
     run.add_argument("--no-warmup", dest="warmup", action="store_false",
                      help="skip the short untimed warm-up calls")
     run.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
@@ -160,6 +163,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = args.out or Path("results") / "-".join(Path(d).stem for d in args.dataset)
     settings = _settings(args, base)
     journal = Journal(out, settings, overwrite=args.overwrite)
+    if args.rerun_loaded:
+        dropped = journal.drop_loaded_prompts()
+        print(f"nsd bench: {dropped} prompts had calls run under load; running them again",
+              file=sys.stderr)
     todo = pending(journal, prompts, specs)
     print(f"nsd bench: {len(prompts)} prompts x {len(specs)} methods, {todo} calls to run, "
           f"{len(prompts) * len(specs) - todo} already in {journal.path}", file=sys.stderr)

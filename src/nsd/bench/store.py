@@ -123,6 +123,16 @@ class Journal:
     def __len__(self) -> int:
         return len(self.records)
 
+    def drop_loaded_prompts(self) -> int:
+        """Forget every record of each prompt that has a call flagged as run under load
+        from other processes, so a resumed run times all its methods again, interleaved as
+        before. Returns the number of prompts dropped."""
+        loaded = {r["prompt"] for r in self.records.values() if r.get("load", {}).get("flagged")}
+        if loaded:
+            self.records = {k: r for k, r in self.records.items() if r["prompt"] not in loaded}
+            self._rewrite(self.records)
+        return len(loaded)
+
     def append(self, record: dict) -> None:
         record = jsonable(record)
         line = json.dumps(record, ensure_ascii=False) + "\n"
