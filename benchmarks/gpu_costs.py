@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from nsd.calibrate import cpu_description
 from nsd.backends.hf import HFBackend, resolve_device, resolve_dtype
 from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs
 from nsd.verify import RuleConfig, verify
@@ -155,13 +155,7 @@ def overhead_costs(vocab: int, device: torch.device, reps: int) -> dict[str, dic
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_description()["model"]
 
 
 def machine(device: torch.device) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from nsd.calibrate import cpu_description
 from nsd.backends.base import ModelBackend
 from nsd.backends.llama_cpp import LlamaCppBackend
 
@@ -250,13 +250,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_description()["model"]
 
 
 def write_json_atomically(path: Path, data: Any) -> None:

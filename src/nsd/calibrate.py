@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from nsd.backends.base import ModelBackend
-from nsd.load import LoadMonitor
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
 REPEATS = 3
@@ -114,6 +113,7 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
               refresh: bool = False, quiet: bool = False) -> Calibration:
     """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
     cache when this machine has measured them before."""
+    from nsd.load import LoadMonitor  # psutil: only needed when measuring
     from nsd.models import cache_dir
 
     key = calibration_key(backend, model_file, n_max)
