@@ -4,6 +4,7 @@ model-object API, greedy SD == AR, and a device-clean decoding loop."""
 
 from __future__ import annotations
 
+import math
 import string
 
 import pytest
@@ -16,6 +17,7 @@ from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.sampling import SamplingConfig, logits_to_probs, sample_from
+from nsd.verify import RuleConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -175,3 +177,23 @@ def test_decoding_loop_creates_no_default_device_tensors() -> None:
     assert tokens == expected and stats.new_tokens == 10
     assert drawn.device.type == "cpu" and proposal.tokens.device.type == "cpu"
     assert proposal.probs is not None and proposal.probs.device.type == "cpu"
+
+
+@pytest.mark.parametrize("method", ["sd", "nsd", "nsd-budget"])
+def test_speculative_loop_creates_no_default_device_tensors(method: str) -> None:
+    """The same check through verification (device-aware verify.py): SD, NSD and a
+    budgeted NSD run under a "meta" default device exactly as they do without it."""
+    sample = SamplingConfig(temperature=0.8, top_p=0.9)
+    kind = "exact" if method == "sd" else "nucleus"
+    rule = RuleConfig(kind=kind, theta=0.9, budget=0.5 if method == "nsd-budget" else math.inf)
+    config = DecodeConfig(rule=rule, sampling=sample, k=3, max_new_tokens=12, seed=5)
+
+    def models():  # built outside the meta context: the models' weights live on the CPU
+        return MockLM(seed=2), DraftModelProposer(MockLM(seed=3), sample, 16)
+
+    target, proposer = models()
+    expected, expected_stats = run_to_end(decode(target, [1, 2, 3], config, proposer))
+    target, proposer = models()
+    with torch.device("meta"):
+        tokens, stats = run_to_end(decode(target, [1, 2, 3], config, proposer))
+    assert tokens == expected and stats.deviation == expected_stats.deviation
