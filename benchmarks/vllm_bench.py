@@ -43,20 +43,32 @@ def texts_for(llm, prompts) -> list[str]:
                                     add_generation_prompt=True) if p.chat else p.text for p in prompts]
 
 
+def report_line(report: Path, request_id: str) -> dict | None:
+    """The plugin's line for a request (``RequestOutput.request_id``).
+
+    With one worker, the plugin writes it when the scheduler finishes the request, before
+    ``generate`` returns; lines are matched by id, not by their position in the file.
+    """
+    if not report.exists():
+        return None
+    with open(report, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    found = [r for r in rows if r.get("external_request_id") == request_id]
+    return found[-1] if found else None
+
+
 def run_one(llm, text: str, temperature: float, args, report: Path | None) -> dict:
     import vllm
 
-    start = report.stat().st_size if report and report.exists() else 0
     t0 = time.perf_counter()
     out = llm.generate([text], vllm.SamplingParams(temperature=temperature, max_tokens=args.max_tokens,
                                                    seed=args.seed), use_tqdm=False)[0]
     wall = time.perf_counter() - t0
     row = {"tokens": len(out.outputs[0].token_ids), "wall": wall}
     if report is not None:
-        with open(report, encoding="utf-8") as f:
-            f.seek(start)
-            lines = [json.loads(line) for line in f]
-        row["ledger"] = lines[-1] if lines else None
+        row["ledger"] = report_line(report, out.request_id)
+        if row["ledger"] is None:
+            raise SystemExit(f"no nsd report line for request {out.request_id} in {report}")
     return row
 
 
