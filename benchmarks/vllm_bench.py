@@ -2,8 +2,9 @@
 
     .venv-vllm/bin/python benchmarks/vllm_bench.py --limit 2 --max-tokens 48
 
-Three engines run one after another (plain; n-gram SD; draft-model SD). The draft-model
-engine is built with NSD configured and runs in this process, so per prompt and
+Three engines run one after another (plain; n-gram SD; draft-model SD), each in a
+process of its own (vLLM 0.32's CPU build cannot build a second engine in one process:
+re-registering its kernel overrides fails). The draft-model engine is built with NSD configured and runs in this process, so per prompt and
 temperature its methods (stock SD, NSD θ, NSD with a budget) run back to back on the
 same engine: those are interleaved. Acceptance length, per-position acceptance and D come
 from the plugin's per-request report; tokens/s is generated tokens over wall time.
@@ -15,6 +16,8 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -43,20 +46,32 @@ def texts_for(llm, prompts) -> list[str]:
                                     add_generation_prompt=True) if p.chat else p.text for p in prompts]
 
 
+def report_line(report: Path, request_id: str) -> dict | None:
+    """The plugin's line for a request (``RequestOutput.request_id``).
+
+    With one worker, the plugin writes it when the scheduler finishes the request, before
+    ``generate`` returns; lines are matched by id, not by their position in the file.
+    """
+    if not report.exists():
+        return None
+    with open(report, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    found = [r for r in rows if r.get("external_request_id") == request_id]
+    return found[-1] if found else None
+
+
 def run_one(llm, text: str, temperature: float, args, report: Path | None) -> dict:
     import vllm
 
-    start = report.stat().st_size if report and report.exists() else 0
     t0 = time.perf_counter()
     out = llm.generate([text], vllm.SamplingParams(temperature=temperature, max_tokens=args.max_tokens,
                                                    seed=args.seed), use_tqdm=False)[0]
     wall = time.perf_counter() - t0
     row = {"tokens": len(out.outputs[0].token_ids), "wall": wall}
     if report is not None:
-        with open(report, encoding="utf-8") as f:
-            f.seek(start)
-            lines = [json.loads(line) for line in f]
-        row["ledger"] = lines[-1] if lines else None
+        row["ledger"] = report_line(report, out.request_id)
+        if row["ledger"] is None:
+            raise SystemExit(f"no nsd report line for request {out.request_id} in {report}")
     return row
 
 
@@ -89,7 +104,21 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the raw rows here")
+    ap.add_argument("--engines", default="plain,ngram,draft")
+    ap.add_argument("--rows-out", type=Path, help=argparse.SUPPRESS)  # one engine, in a child process
     args = ap.parse_args()
+    names = args.engines.split(",")
+    if args.rows_out is None:
+        results: dict[tuple[str, float], list[dict]] = defaultdict(list)
+        workdir = Path(tempfile.mkdtemp(prefix="nsd-vllm-bench-"))
+        for name in names:
+            rows_out = workdir / f"{name}.json"
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--engines", name,
+                            "--rows-out", str(rows_out)], check=True)
+            for label, temp, rows in json.loads(rows_out.read_text()):
+                results[(label, temp)] += rows
+        print_table(results, args)
+        return
     prompts = load_prompts(DatasetConfig(names=tuple(args.datasets.split(",")), limit=args.limit))
     temps = [float(t) for t in args.temperatures.split(",")]
     results: dict[tuple[str, float], list[dict]] = defaultdict(list)
@@ -97,17 +126,17 @@ def main() -> None:
 
     from nsd.integrations.vllm.plugin import ACTIVE
 
-    engines = [
-        ("vLLM plain", None, [None]),
-        ("vLLM SD ngram", {"method": "ngram", "num_speculative_tokens": args.k,
+    engines = {
+        "plain": ("vLLM plain", None, [None]),
+        "ngram": ("vLLM SD ngram", {"method": "ngram", "num_speculative_tokens": args.k,
                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}, [("SD", RuleConfig("exact"))]),
-        ("vLLM SD draft", {"method": "draft_model", "model": str(MODELS / args.draft / "hf"),
+        "draft": ("vLLM SD draft", {"method": "draft_model", "model": str(MODELS / args.draft / "hf"),
                            "num_speculative_tokens": args.k},
          [("SD", RuleConfig("exact")),
           (f"NSD θ{args.theta}", RuleConfig("nucleus", theta=args.theta)),
           (f"NSD θ{args.theta} B={args.budget}", RuleConfig("nucleus", theta=args.theta, budget=args.budget))]),
-    ]
-    for name, spec, rules in engines:
+    }
+    for name, spec, rules in (engines[n] for n in names):
         report = workdir / f"{len(results)}.jsonl"
         t0 = time.perf_counter()
         llm = build(spec, report, args)
@@ -122,7 +151,13 @@ def main() -> None:
                         ACTIVE.config = dataclasses.replace(base, rule=rule[1])
                     results[(label, temp)].append(run_one(llm, text, temp, args, report if spec else None))
         del llm
-    print(f"\n{len(prompts)} prompts ({args.datasets}, {args.limit} each), {args.max_tokens} new tokens, k={args.k}\n")
+    args.rows_out.write_text(json.dumps([[k[0], k[1], v] for k, v in results.items()]))
+
+
+def print_table(results: dict, args: argparse.Namespace) -> None:
+    n = len(load_prompts(DatasetConfig(names=tuple(args.datasets.split(",")), limit=args.limit)))
+    print(f"\n{n} prompts ({args.datasets}, {args.limit} each), {args.max_tokens} new tokens, "
+          f"k={args.k}\n")
     print("| method | temp | tok/s | acceptance length | accept by position | D/token | max D |")
     print("|---|---|---|---|---|---|---|")
     for (label, temp), rows in results.items():

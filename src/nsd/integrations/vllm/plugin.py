@@ -9,7 +9,11 @@ NSD is not configured:
   requests' spent deviation, otherwise the stock function;
 - ``GPUModelRunner._sample`` (the CPU runner inherits it): notes the batch's request ids
   so the sampler can find each request's ledger entry;
-- ``GPUModelRunner._update_states``: reports and forgets finished requests.
+- ``GPUModelRunner._update_states``: numbers the engine step and forgets finished
+  requests (reporting those the scheduler has not reported);
+- ``Scheduler.update_from_output`` / ``Scheduler._free_request``: when the scheduler runs
+  in the worker's process (one device), each request is reported the moment it finishes,
+  within the step that produced its last tokens.
 
 The NSD configuration is read and validated when the model runner is built, so a bad
 setting stops the engine at start-up with one clear message. On vLLM's CPU platform it
@@ -41,6 +45,8 @@ class _Active:
     ledger: FidelityLedger | None = None
     req_ids: list[str] | None = None
     on_cpu: bool = False
+    step: int = 0  # engine steps the worker has started (numbers the ledger's records)
+    finishing_step: int | None = None  # the step whose output the scheduler is applying
 
 
 ACTIVE = _Active()
@@ -66,6 +72,10 @@ def register() -> None:
     runner.__init__ = _wrap_init(runner.__init__)
     runner._sample = _wrap_sample(runner._sample)
     runner._update_states = _wrap_update_states(runner._update_states)
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    Scheduler.update_from_output = _wrap_update_from_output(Scheduler.update_from_output)
+    Scheduler._free_request = _wrap_free_request(Scheduler._free_request)
     from vllm.platforms import current_platform
 
     ACTIVE.on_cpu = current_platform.is_cpu()
@@ -100,8 +110,10 @@ def _wrap_init(original: Any) -> Any:
             return
         if vllm_config.speculative_config is None:
             logger.warning("nsd: NSD configured but speculative decoding is off; nothing to relax")
-        ACTIVE.ledger = FidelityLedger(metrics=_metrics(), report=config.report,
-                                       log_requests=config.log_requests)
+        first_rank = _tensor_parallel_rank() == 0  # the ranks verify alike; one reports
+        ACTIVE.ledger = FidelityLedger(metrics=_metrics() if first_rank else None,
+                                       report=config.report if first_rank else None,
+                                       log_requests=config.log_requests and first_rank)
         logger.info("nsd: NSD verification on: %s", config.rule)
     return init
 
@@ -121,10 +133,38 @@ def _wrap_sample(original: Any) -> Any:
 def _wrap_update_states(original: Any) -> Any:
     @functools.wraps(original)
     def update_states(self: Any, scheduler_output: Any) -> Any:
+        ACTIVE.step += 1
+        try:  # lets the scheduler (same process, same object) name this step
+            scheduler_output._nsd_step = ACTIVE.step
+        except AttributeError:
+            pass
         if ACTIVE.ledger is not None:
             ACTIVE.ledger.finish(scheduler_output.finished_req_ids)
         return original(self, scheduler_output)
     return update_states
+
+
+def _wrap_update_from_output(original: Any) -> Any:
+    @functools.wraps(original)
+    def update_from_output(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        ACTIVE.finishing_step = getattr(scheduler_output, "_nsd_step", None)
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            ACTIVE.finishing_step = None
+    return update_from_output
+
+
+def _wrap_free_request(original: Any) -> Any:
+    @functools.wraps(original)
+    def free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # ACTIVE.ledger is set only where a model runner verifies: in this process when the
+        # worker shares it with the scheduler; otherwise the worker reports on its own.
+        if ACTIVE.ledger is not None:
+            ACTIVE.ledger.close(request.request_id, upto=ACTIVE.finishing_step,
+                                output_tokens=request.num_output_tokens)
+        return original(self, request, *args, **kwargs)
+    return free_request
 
 
 def _wrap_rejection_sample(stock: Any) -> Any:
@@ -153,7 +193,7 @@ def _wrap_rejection_sample(stock: Any) -> Any:
                         synthetic_conditional_rates=synthetic_conditional_rates,
                         use_fp64_gumbel=use_fp64_gumbel)
             if ACTIVE.ledger is not None and req_ids is not None and len(req_ids) == len(num_draft_tokens):
-                ACTIVE.ledger.record(req_ids, num_draft_tokens, out)  # D = 0, counts still useful
+                ACTIVE.ledger.record(req_ids, num_draft_tokens, out, step=ACTIVE.step)  # D = 0
             return out
         assert ACTIVE.ledger is not None
         spent = ACTIVE.ledger.spent(req_ids, target_logits.device)
@@ -161,7 +201,8 @@ def _wrap_rejection_sample(stock: Any) -> Any:
                                       cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids,
                                       sampling_metadata, spent, use_fp64_gumbel=use_fp64_gumbel,
                                       float32_uniforms=ACTIVE.on_cpu)
-        ACTIVE.ledger.record(req_ids, num_draft_tokens, result.output_token_ids, result)
+        ACTIVE.ledger.record(req_ids, num_draft_tokens, result.output_token_ids, result,
+                             step=ACTIVE.step)
         return result.output_token_ids
     rejection_sample._nsd_patched = True  # type: ignore[attr-defined]
     return rejection_sample
@@ -178,6 +219,14 @@ def _expand_batch_to_tokens(
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
     expanded = torch.repeat_interleave(x, counts, output_size=num_tokens)
     return torch.where(expanded == replace_from, torch.full_like(expanded, replace_to), expanded)
+
+
+def _tensor_parallel_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return get_tensor_model_parallel_rank()
+    except Exception:  # no distributed state (some tests build runners without it)
+        return 0
 
 
 def _metrics() -> Any:
