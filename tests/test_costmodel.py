@@ -96,12 +96,23 @@ def test_tracker_learns_and_forgets() -> None:
 
 
 def test_probe_after_a_run_of_plain_steps() -> None:
-    costs = StepCosts((0.04, 0.08, 0.12, 0.16, 0.2), draft=0.03)
-    policy = CostModelK(costs, AcceptanceTracker(4, prior=0.1), k_max=4, probe_every=5)
+    # Speculation would pay if drafts were accepted, but the estimate says they are not:
+    # plain steps, with probes whose spacing doubles while they teach nothing.
+    costs = StepCosts((0.04, 0.045, 0.05, 0.055, 0.06), draft=0.012)
+    tracker = AcceptanceTracker(4, prior=0.02, weight=200.0)  # confident: draws stay low
+    policy = CostModelK(costs, tracker, k_max=4, probe_every=5)
     chosen = [policy.next_k(100) for _ in range(40)]
-    # A probe after 5 plain steps, then (the probe taught nothing) after 10, then 20.
     probes = [i for i, k in enumerate(chosen) if k > 0]
     assert probes == [5, 16, 37]
+
+
+def test_no_drafting_where_perfect_acceptance_would_still_lose() -> None:
+    # This CPU's shape: c_t(2) ≈ 1.9 c_t(1) and a draft token ≈ half a step. Even with
+    # every draft accepted no k beats a plain step, so none is ever drafted, probes included.
+    costs = StepCosts(tuple(0.043 * r for r in (1, 1.9, 2.7, 3.0, 3.9, 4.1)), draft=0.021)
+    tracker = AcceptanceTracker(5, prior=0.99)
+    policy = CostModelK(costs, tracker, k_max=5, probe_every=2)
+    assert [policy.next_k(100) for _ in range(200)] == [0] * 200
 
 
 def test_online_scale_follows_a_slower_machine() -> None:

@@ -56,7 +56,7 @@ def _backend_version(backend: ModelBackend) -> str:
     if name == "LlamaCppBackend":
         import llama_cpp
 
-        return f"{name}/{llama_cpp.__version__}"
+        return f"{name}/{llama_cpp.__version__}/fa={getattr(backend, 'flash_attn', None)}"
     import torch
 
     return f"{name}/torch-{torch.__version__}/{getattr(backend, 'dtype', '')}"

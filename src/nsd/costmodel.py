@@ -225,10 +225,16 @@ class CostModelK:
 
     def next_k(self, remaining: int) -> int:
         k_cap = max(0, min(self.k_max, remaining - 1))
+        # Where even drafts that are always accepted cannot beat a plain step at today's
+        # costs, decode plainly: no draw, no probe, the draft model is never run.
+        hopeless = best_k(self.costs, [1.0] * k_cap, k_cap, self.overhead_s, self.target_scale,
+                          self.draft_cost)[0] == 0
         alpha = self.tracker.sample(self._rng)
         choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
                         self.draft_cost)
-        if choice[0] > 0:
+        if hopeless:
+            pass
+        elif choice[0] > 0:
             self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
         elif self._plain_run >= self._probe_wait and k_cap > 0:
             choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
@@ -252,9 +258,6 @@ class CostModelK:
             self.draft_cost += s * (propose_s / drafted - self.draft_cost)
             self.overhead_s += s * (overhead_s - self.overhead_s)
             self.tracker.update(drafted, accepted)
-            if accepted > 0:
-                # Drafts are being accepted: whatever made us stop speculating may be over.
-                self._probe_wait = self.probe_every
 
     @property
     def predicted_tokens_per_s(self) -> float:
