@@ -171,3 +171,17 @@ class _Tok:
 
     eos_token_id = None
 
+
+
+def test_draft_catch_up_is_charged() -> None:
+    # Speculation pays a little with a caught-up draft, but not when the draft must first
+    # read a long prompt for a short generation: then the policy decodes plainly.
+    costs = StepCosts((0.040, 0.050, 0.056, 0.062, 0.068), draft=0.010)
+    fresh = CostModelK(costs, AcceptanceTracker(4, prior=0.9, weight=500.0), k_max=4)
+    fresh.begin(1)
+    assert fresh.next_k(100) > 0
+    lagging = CostModelK(costs, AcceptanceTracker(4, prior=0.9, weight=500.0), k_max=4)
+    lagging.begin(2000)
+    assert lagging.next_k(20) == 0
+    # A long generation amortises the same catch-up: speculation starts.
+    assert lagging.next_k(100_000) > 0

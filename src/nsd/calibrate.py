@@ -29,7 +29,7 @@ from typing import Any
 from nsd.backends.base import ModelBackend
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
-REPEATS = 3
+REPEATS = 5
 
 
 def cpu_description() -> dict[str, str]:

@@ -33,6 +33,10 @@ from nsd.errors import NSDError
 class KPolicy(Protocol):
     """How many tokens to draft before each target pass."""
 
+    def begin(self, prompt_tokens: int) -> None:
+        """A generation starts after a prompt of this many tokens."""
+        ...
+
     def next_k(self, remaining: int) -> int:
         """Draft length for the next block (0 = a plain autoregressive step)."""
         ...
@@ -49,6 +53,9 @@ class FixedK:
 
     k: int
 
+    def begin(self, prompt_tokens: int) -> None:
+        pass
+
     def next_k(self, remaining: int) -> int:
         return self.k
 
@@ -64,6 +71,9 @@ class AdaptiveK:
     k: int
     k_max: int
     k_min: int = 1
+
+    def begin(self, prompt_tokens: int) -> None:
+        pass
 
     def next_k(self, remaining: int) -> int:
         return self.k
@@ -110,10 +120,11 @@ def expected_tokens(alpha: Sequence[float], k: int) -> float:
 
 def best_k(costs: StepCosts, alpha: Sequence[float], k_max: int, overhead_s: float = 0.0,
            target_scale: float = 1.0, draft_cost: float | None = None,
-           k_min: int = 0) -> tuple[int, float, float]:
+           k_min: int = 0, surcharge_per_token: float = 0.0) -> tuple[int, float, float]:
     """The ``k`` in ``[k_min, k_max]`` maximising expected tokens per second.
 
-    Returns ``(k, expected tokens, expected seconds)`` for that block.
+    ``surcharge_per_token`` is added per expected token of a drafted block (the draft's
+    catch-up, amortised). Returns ``(k, expected tokens, expected seconds)``.
     """
     d = costs.draft if draft_cost is None else draft_cost
     best = (0, 1.0, costs.target_cost(1) * target_scale)
@@ -123,7 +134,8 @@ def best_k(costs: StepCosts, alpha: Sequence[float], k_max: int, overhead_s: flo
             tokens, seconds = 1.0, costs.target_cost(1) * target_scale
         else:
             tokens = expected_tokens(alpha, k)
-            seconds = k * d + costs.target_cost(k + 1) * target_scale + overhead_s
+            seconds = (k * d + costs.target_cost(k + 1) * target_scale + overhead_s
+                       + surcharge_per_token * tokens)
         rate = tokens / seconds
         if rate > best_rate:
             best, best_rate = (k, tokens, seconds), rate
@@ -212,6 +224,11 @@ class CostModelK:
     predicted_tokens: float = 0.0
     predicted_s: float = 0.0
     seed: int = 0
+    # A draft that sat out plain steps must first read what it missed: ``catchup`` times
+    # its step cost per missed token (a batched forward costs far less per token than a
+    # single step: a 95-token prefill of the 1.5B took ~0.3 steps per token on 2 cores).
+    catchup: float = 0.3
+    _behind: int = 0
     _plain_run: int = 0
     _probe_wait: int = 0
 
@@ -223,22 +240,28 @@ class CostModelK:
         self._probe_wait = self.probe_every
         self._rng = random.Random(self.seed)
 
+    def begin(self, prompt_tokens: int) -> None:
+        self._behind = prompt_tokens  # the draft has seen nothing of this context yet
+
     def next_k(self, remaining: int) -> int:
         k_cap = max(0, min(self.k_max, remaining - 1))
+        # Catching the draft up is paid once and then serves every later block, so it is
+        # spread over the tokens still to generate.
+        surcharge = self._behind * self.catchup * self.draft_cost / max(remaining, 1)
         # Where even drafts that are always accepted cannot beat a plain step at today's
         # costs, decode plainly: no draw, no probe, the draft model is never run.
         hopeless = best_k(self.costs, [1.0] * k_cap, k_cap, self.overhead_s, self.target_scale,
-                          self.draft_cost)[0] == 0
+                          self.draft_cost, surcharge_per_token=surcharge)[0] == 0
         alpha = self.tracker.sample(self._rng)
         choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
-                        self.draft_cost)
+                        self.draft_cost, surcharge_per_token=surcharge)
         if hopeless:
             pass
         elif choice[0] > 0:
             self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
         elif self._plain_run >= self._probe_wait and k_cap > 0:
             choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
-                            self.draft_cost, k_min=1)
+                            self.draft_cost, k_min=1, surcharge_per_token=surcharge)
             self._probe_wait = min(2 * self._probe_wait, self.probe_max)
         self._plain_run = self._plain_run + 1 if choice[0] == 0 else 0
         k = choice[0]
@@ -254,8 +277,12 @@ class CostModelK:
         predicted_target = self.costs.target_cost(drafted + 1)
         if target_s > 0:
             self.target_scale += s * (target_s / predicted_target - self.target_scale)
+        # After a drafted block the draft lags by the token the target added; after a
+        # plain step by one more.
+        lag, self._behind = self._behind, (1 if drafted > 0 else self._behind + 1)
         if drafted > 0:
-            self.draft_cost += s * (propose_s / drafted - self.draft_cost)
+            if lag <= 2:  # a block that also caught the draft up says little of a draft step
+                self.draft_cost += s * (propose_s / drafted - self.draft_cost)
             self.overhead_s += s * (overhead_s - self.overhead_s)
             self.tracker.update(drafted, accepted)
 

@@ -172,6 +172,7 @@ def decode(
     spent = torch.zeros(1, dtype=torch.float64, device=generator.device)
     policy = k_policy if k_policy is not None else \
         (config.default_policy() if config.speculative else FixedK(0))
+    policy.begin(len(prompt_ids))
     stop_reason = "length"
 
     while len(generated) < config.max_new_tokens:
