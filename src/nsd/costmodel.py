@@ -248,20 +248,20 @@ class CostModelK:
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
         surcharge = self._behind * self.catchup * self.draft_cost / max(remaining, 1)
+
+        def pick(alpha: Sequence[float], k_min: int = 0) -> tuple[int, float, float]:
+            return best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
+                          self.draft_cost, k_min=k_min, surcharge_per_token=surcharge)
+
         # Where even drafts that are always accepted cannot beat a plain step at today's
-        # costs, decode plainly: no draw, no probe, the draft model is never run.
-        hopeless = best_k(self.costs, [1.0] * k_cap, k_cap, self.overhead_s, self.target_scale,
-                          self.draft_cost, surcharge_per_token=surcharge)[0] == 0
+        # costs, decode plainly: the draw below then picks 0 as well, and no probe is made.
+        hopeless = pick([1.0] * k_cap)[0] == 0
         alpha = self.tracker.sample(self._rng)
-        choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
-                        self.draft_cost, surcharge_per_token=surcharge)
-        if hopeless:
-            pass
-        elif choice[0] > 0:
+        choice = pick(alpha)
+        if choice[0] > 0:
             self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
-        elif self._plain_run >= self._probe_wait and k_cap > 0:
-            choice = best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
-                            self.draft_cost, k_min=1, surcharge_per_token=surcharge)
+        elif not hopeless and self._plain_run >= self._probe_wait and k_cap > 0:
+            choice = pick(alpha, k_min=1)
             self._probe_wait = min(2 * self._probe_wait, self.probe_max)
         self._plain_run = self._plain_run + 1 if choice[0] == 0 else 0
         k = choice[0]
