@@ -75,3 +75,18 @@ def test_mean_log_likelihood_matches_step_by_step() -> None:
     assert got == pytest.approx(sum(expected) / len(expected), rel=1e-5)
     assert lm.num_cached == 0  # leaves the cache empty for the next generation
     assert math.isnan(metrics.mean_log_likelihood(lm, prompt, []))
+
+
+def test_wilson_interval_known_values() -> None:
+    assert metrics.wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert metrics.wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert metrics.wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    assert all(math.isnan(v) for v in metrics.wilson_interval(0, 0))
+
+
+def test_paired_difference_mean_and_interval() -> None:
+    centre, lo, hi = metrics.paired_difference([1, 1, 0, 1], [1, 0, 0, 0])
+    half = 1.959963984540054 * math.sqrt(1 / 3) / 2  # sd of (0, 1, 0, 1) is sqrt(1/3)
+    assert centre == 0.5 and (lo, hi) == pytest.approx((0.5 - half, 0.5 + half))
+    assert metrics.paired_difference([0.2, float("nan")], [0.1, 0.3])[0] == pytest.approx(0.1)
+    assert metrics.paired_difference([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0, 0.0)

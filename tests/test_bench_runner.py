@@ -169,9 +169,34 @@ def test_report_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "report.md").read_text() == text
     made = write_plots(summary, tmp_path)
     assert {p.name for p in made} == {"speedup_vs_theta.png", "quality_vs_speedup.png",
-                                      "accepted_length.png"}
+                                      "accepted_length.png", "acceptance_by_position.png",
+                                      "deviation_vs_loglik.png"}  # no pass@1 here: no frontier plot
     for p in made:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fidelity_changes_are_paired_with_ar(tmp_path: Path) -> None:
+    records = BenchRunner(fake_engine(), CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    # Pretend HumanEval ran: AR solves prompts 0 and 1, nsd@0.5/draft only prompt 0.
+    solved = {("ar", "toy:0"), ("ar", "toy:1"), ("nsd@0.5/draft", "toy:0")}
+    for r in records:
+        r["passed"] = (r["method"], r["prompt"]) in solved
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 12, "temperature": 0.0, "k": 4}}
+    summary, text = write_report(tmp_path, records, METHODS, settings, max_other_cpu=0.25)
+    rows = {r["method"]: r for r in summary}
+    nsd = rows["nsd@0.5/draft"]
+    assert nsd["pass_at_1"] == pytest.approx(1 / 3)
+    assert nsd["pass_at_1_change"][0] == pytest.approx(-1 / 3)  # (0 - 0) + (0 - 1) + (0 - 0) over 3
+    lo, hi = nsd["pass_at_1_ci"]
+    assert 0.0 < lo < 1 / 3 < hi < 1.0
+    assert rows["ar"]["pass_at_1_change"] == [0.0, 0.0, 0.0]
+    ll = [r["loglik"] for r in records if r["method"] == "nsd@0.5/draft"]
+    ref = [r["loglik"] for r in records if r["method"] == "ar"]
+    assert nsd["loglik_change"][0] == pytest.approx(sum(ll) / 3 - sum(ref) / 3)
+    assert "Δ pass@1 vs AR" in text and "| nsd@0.5/draft |" in text
+    made = {p.name for p in write_plots(summary, tmp_path)}
+    assert "speedup_vs_pass_change.png" in made
 
 
 def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -205,3 +205,25 @@ def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
     assert int((a.argmax(-1) == b.argmax(-1)).sum()) >= 15
     amx.close()
     plain.close()
+
+
+def test_llama_generate_peer_prefills_every_prompt_in_full(gguf: Path) -> None:
+    """The benchmark's llama.cpp peer must not reuse the previous call's KV cache: nsd's
+    engine prefills each prompt in full, and a shared prefix would be free work."""
+    from nsd.api import GenerationConfig
+    from nsd.bench.llama_peer import LlamaGeneratePeer
+
+    class Tok:
+        def decode(self, tokens, skip_special_tokens=False):
+            return " ".join(map(str, tokens))
+
+    peer = LlamaGeneratePeer(str(gguf), Tok(), eos_token_ids=(), threads=2, n_ctx=N_CTX)
+    evaluated: list[int] = []
+    real_eval = peer.llm.eval
+    peer.llm.eval = lambda tokens: (evaluated.append(len(tokens)), real_eval(tokens))[1]
+    config = GenerationConfig(method="ar", temperature=0.0, max_new_tokens=3)
+    first, _, _ = peer.generate(PROMPT, config)
+    evaluated.clear()
+    again, _, stats = peer.generate(PROMPT, config)  # same prompt: all of it cached
+    assert evaluated[0] == len(PROMPT) and again == first
+    assert stats.new_tokens == 3

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
-from nsd.calibrate import Calibration, calibrate, measure
+from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.draft_vocab import VocabMap, ensure_reduced_draft
@@ -151,11 +151,18 @@ class LoadedModel:
 _AUTO_MARGIN = 0.05
 
 
+def pick_format(costs: Mapping[str, float]) -> str:
+    """The weight format ``--weights auto`` keeps, from measured c(1) seconds per format."""
+    faster = [f for f in costs if f != "original" and costs[f] < costs["original"] * (1.0 - _AUTO_MARGIN)]
+    return min(faster, key=costs.__getitem__) if faster else "original"
+
+
 def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None,
                  weights: str | None = None, calibrate_n: int = 2) -> LoadedModel:
     """Load one model (``weights`` overrides ``options.weights``); a reduced-vocabulary
-    copy when ``reduced_vocab`` asks for one (drafts only). ``auto`` weights measure
-    ``c(1..calibrate_n)`` of each format and keep the cheapest single step."""
+    copy when ``reduced_vocab`` asks for one (drafts only). ``auto`` weights load
+    every format, measure their single steps side by side and keep the cheapest (a
+    derived format must win by a margin); then ``c(1..calibrate_n)`` of the one kept."""
     weights = check_weights(weights or options.weights)
     resolved = resolve_model(model)
     backend = options.backend
@@ -184,20 +191,17 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
 
         if weights != "auto":
             return open_format(weights)
-        # Measure every format, keep the cheapest step (one loaded at a time: memory).
-        costs: dict[str, float] = {}
-        best: LoadedModel | None = None
-        for fmt in ("original",) + DERIVED_FORMATS:
-            loaded = open_format(fmt)
-            costs[fmt] = loaded.step_costs(calibrate_n)[0]
-            scale = 1.0 if fmt == "original" else 1.0 - _AUTO_MARGIN
-            if best is None or costs[fmt] < costs[best.weights] * scale:
-                if best is not None:
-                    best.backend.close()
-                best = loaded
-            else:
-                loaded.backend.close()
+        # Every format loaded at once (weights are memory-mapped) and measured side by side:
+        # measuring them one after another let warm-up and drift decide the pick.
+        loaded = {fmt: open_format(fmt) for fmt in ("original",) + DERIVED_FORMATS}
+        costs = compare_step_costs({fmt: (m.backend, m.file) for fmt, m in loaded.items()})
+        pick = pick_format(costs)
+        for fmt, m in loaded.items():
+            if fmt != pick:
+                m.backend.close()
+        best = loaded[pick]
         best.candidates = costs
+        best.step_costs(calibrate_n)  # measured now, not inside the first timed generation
         return best
     if weights not in ("auto", "original"):
         raise NSDError(f"--weights {weights} needs a GGUF model on the llama.cpp backend; the "

@@ -24,12 +24,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
 REPEATS = 5
+COMPARE_REPEATS = 9  # side-by-side c(1) of several files: the pick hinges on a few percent
 
 
 def cpu_description() -> dict[str, str]:
@@ -74,13 +75,16 @@ class Calibration:
         return {"costs": list(self.costs), "key": self.key, "cached": self.cached}
 
 
+def _filler(vocab: int, n: int) -> list[int]:
+    # Token content does not change the cost; spread the ids over ordinary tokens.
+    return [(100 + 7919 * i) % min(vocab, 20000) for i in range(n)]
+
+
 def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
             repeats: int = REPEATS) -> tuple[float, ...]:
     """Median seconds of one forward over ``n = 1..n_max`` tokens after ``context`` cached
     tokens. The sizes are interleaved within each repeat, so drift hits them alike."""
-    vocab = backend.vocab_size
-    # Token content does not change the cost; spread the ids over ordinary tokens.
-    ids = [(100 + 7919 * i) % min(vocab, 20000) for i in range(context + n_max)]
+    ids = _filler(backend.vocab_size, context + n_max)
     backend.reset()
     backend.forward(ids[:context], all_logits=False)
     backend.forward(ids[context:context + 1])  # warm-up: lazy allocations, caches
@@ -94,6 +98,70 @@ def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
             backend.rewind(context)
     backend.reset()
     return tuple(statistics.median(s) for s in samples)
+
+
+def measure_side_by_side(backends: Sequence[ModelBackend], context: int = CONTEXT_TOKENS,
+                         repeats: int = COMPARE_REPEATS) -> tuple[float, ...]:
+    """Median c(1) of each backend, measured round-robin with a rotating order.
+
+    Measuring one file after another biased the pick: the first one measured paid for a
+    cold process (page faults in freshly mapped weights, clocks ramping), and on one
+    machine that made the original file look 23% slower than it was. Round-robin visits
+    put drift and warm-up on every candidate alike."""
+    ids = [_filler(b.vocab_size, context + 1) for b in backends]
+    for backend, seq in zip(backends, ids):
+        backend.reset()
+        backend.forward(seq[:context], all_logits=False)
+        backend.forward(seq[context:])  # warm-up, untimed
+        backend.rewind(context)
+    samples: list[list[float]] = [[] for _ in backends]
+    order = list(range(len(backends)))
+    for r in range(repeats):
+        for i in order[r % len(order):] + order[:r % len(order)]:
+            start = time.perf_counter()
+            backends[i].forward(ids[i][context:])
+            samples[i].append(time.perf_counter() - start)
+            backends[i].rewind(context)
+    for backend in backends:
+        backend.reset()
+    return tuple(statistics.median(s) for s in samples)
+
+
+def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.PathLike[str]]],
+                       refresh: bool = False, quiet: bool = False) -> dict[str, float]:
+    """c(1) seconds of each named (backend, file), measured side by side and cached like
+    :func:`calibrate` (keyed by every candidate's key; not cached when the machine is busy)."""
+    from nsd.load import LoadMonitor
+    from nsd.models import cache_dir
+
+    names = list(candidates)
+    key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
+           "repeats": COMPARE_REPEATS}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / "calibration" / f"compare-{digest}.json"
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key and set(data["costs"]) == set(names):
+                return {n: float(data["costs"][n]) for n in names}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    if not quiet:
+        print(f"nsd: comparing the step cost of {', '.join(names)} on this machine (once)",
+              file=sys.stderr)
+    with LoadMonitor().measure() as load:
+        measured = measure_side_by_side([candidates[n][0] for n in names])
+    costs = dict(zip(names, measured))
+    if not load.sample.flagged:
+        _write_atomic(path, {"key": key, "costs": costs})
+    return costs
+
+
+def _write_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
@@ -136,8 +204,5 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
               "other processes): these step costs serve this run only and are not cached",
               file=sys.stderr)
         return Calibration(costs, key, cached=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "costs": list(costs)}, indent=1))
-    os.replace(tmp, path)
+    _write_atomic(path, {"key": key, "costs": list(costs)})
     return Calibration(costs, key, cached=False)

@@ -38,6 +38,10 @@ class LlamaGeneratePeer:
         stops = tuple(s for s in config.stop if s)
         longest = max((len(s) for s in stops), default=0)
         self.llm.set_seed(config.seed)
+        # Llama.generate keeps the previous call's KV cache and skips the common prefix of
+        # the next prompt (the warm-up's whole prompt, a chat template's system turn). nsd's
+        # engine prefills every prompt in full, so the peer must too, or it gets free work.
+        self.llm.reset()
         tokens: list[int] = []
         stop_reason = "length"
         start = time.perf_counter()

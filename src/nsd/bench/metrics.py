@@ -102,6 +102,36 @@ def pass_at_1(passed: Iterable[bool | None]) -> float:
     return sum(results) / len(results) if results else math.nan
 
 
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion: unlike mean ± z·se it stays inside
+    [0, 1] and keeps its coverage near 0 and 1 (pass@1 of a strong model is near 1)."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference(values: Sequence[float], reference: Sequence[float], z: float = Z95
+                      ) -> tuple[float, float, float]:
+    """Mean of ``values − reference`` over pairs (same prompt, same run) with a 95% normal
+    interval: mean ± z·sd/√n. Pairing removes the between-problem spread, which dwarfs the
+    method effect (most problems are solved by every method or by none)."""
+    diffs = [a - b for a, b in zip(values, reference)
+             if a is not None and b is not None and not math.isnan(a) and not math.isnan(b)]
+    if not diffs:
+        return math.nan, math.nan, math.nan
+    centre = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return centre, math.nan, math.nan
+    half = z * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return centre, centre - half, centre + half
+
+
 def accepted_length_histogram(accepted_per_pass: Iterable[Sequence[int]]) -> list[int]:
     """Counts of target passes that accepted 0, 1, 2, ... draft tokens."""
     counts: list[int] = []

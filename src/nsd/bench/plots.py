@@ -5,6 +5,11 @@
 * ``quality_vs_speedup.png``: the trade-off: speedup over AR against quality (pass@1
   where HumanEval ran, else agreement with AR, else mean target log-likelihood).
 * ``accepted_length.png``: how many draft tokens each target pass accepted, per method.
+* ``speedup_vs_pass_change.png``: the frontier: speedup over AR against the change in
+  pass@1 from AR (paired 95% interval as error bars), one point per method/θ/B.
+* ``deviation_vs_loglik.png``: measured D/token against the change in the target's mean
+  log-likelihood of the outputs (paired 95% interval).
+* ``acceptance_by_position.png``: P(draft position i accepted | reached), one line per method.
 """
 
 from __future__ import annotations
@@ -106,9 +111,78 @@ def plot_accepted_length(summary: Sequence[dict], path: Path) -> Path | None:
     return path
 
 
+def _frontier_rows(summary: Sequence[dict], key: str) -> list[dict]:
+    return [r for r in summary if r["family"] != "ar" and not r["family"].startswith(("hf-", "llama"))
+            and r.get(key) and _ok(r[key][0])]
+
+
+def _errorbar_points(ax, rows: Sequence[dict], x_of, key: str, horizontal: bool) -> None:
+    """One labelled point per row; ``key`` holds (centre, low, high) drawn as an error bar."""
+    for r in rows:
+        centre, lo, hi = r[key]
+        err = [[centre - lo], [hi - centre]] if _ok(lo) and _ok(hi) else None
+        x, y = (centre, x_of(r)) if horizontal else (x_of(r), centre)
+        ax.errorbar(x, y, xerr=err if horizontal else None, yerr=None if horizontal else err,
+                    fmt="o", capsize=3)
+        ax.annotate(r["method"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+
+
+def plot_speedup_vs_pass_change(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in _frontier_rows(summary, "pass_at_1_change") if _ok(r["speedup_vs_ar"])]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _errorbar_points(ax, rows, lambda r: r["speedup_vs_ar"], "pass_at_1_change", horizontal=True)
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("change in pass@1 vs AR (paired 95% interval)")
+    ax.set_ylabel("speedup over AR")
+    ax.set_title("quality-speed frontier")
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_deviation_vs_loglik(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in _frontier_rows(summary, "loglik_change") if _ok(r["deviation_per_token"])]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _errorbar_points(ax, rows, lambda r: r["deviation_per_token"], "loglik_change", horizontal=False)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("D per token (fidelity bound spent)")
+    ax.set_ylabel("change in mean target log-likelihood vs AR (nats/token)")
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_acceptance_by_position(summary: Sequence[dict], path: Path) -> Path | None:
+    rows = [r for r in summary if any(_ok(v) for v in r.get("acceptance_by_position") or [])]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        values = r["acceptance_by_position"]
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=r["method"])
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted | reached)")
+    ax.set_ylim(0.0, 1.02)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
+
+
 def write_plots(summary: Sequence[dict], out_dir: Path) -> list[Path]:
     """Every plot the summary has data for; returns the files written."""
     made = [plot_speedup_vs_theta(summary, out_dir / "speedup_vs_theta.png"),
             plot_quality_vs_speedup(summary, out_dir / "quality_vs_speedup.png"),
-            plot_accepted_length(summary, out_dir / "accepted_length.png")]
+            plot_accepted_length(summary, out_dir / "accepted_length.png"),
+            plot_speedup_vs_pass_change(summary, out_dir / "speedup_vs_pass_change.png"),
+            plot_deviation_vs_loglik(summary, out_dir / "deviation_vs_loglik.png"),
+            plot_acceptance_by_position(summary, out_dir / "acceptance_by_position.png")]
     return [p for p in made if p is not None]

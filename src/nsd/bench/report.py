@@ -36,6 +36,9 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
         reference = outputs.get(spec.ar_baseline, {})
         paired = [(r, reference[r["prompt"]]) for r in rs if r["prompt"] in reference]
         passed = [r["passed"] for r in rs]
+        executed = [bool(p) for p in passed if p is not None]
+        # Changes against AR on the same prompts, with paired 95% intervals.
+        scored = [(r, a) for r, a in paired if r["passed"] is not None and a["passed"] is not None]
         rows.append({
             "method": spec.label, "family": spec.family, "proposer": spec.proposer,
             "theta": spec.theta, "budget": spec.budget, "prompts": len(rs),
@@ -53,6 +56,11 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
             "deviation_per_token": metrics.deviation_per_token(
                 [s["deviation"] for s in stats], [s["new_tokens"] for s in stats]),
             "pass_at_1": metrics.pass_at_1(passed),
+            "pass_at_1_ci": list(metrics.wilson_interval(sum(executed), len(executed))),
+            "pass_at_1_change": list(metrics.paired_difference(
+                [float(r["passed"]) for r, _ in scored], [float(a["passed"]) for _, a in scored])),
+            "loglik_change": list(metrics.paired_difference(
+                [r["loglik"] for r, _ in paired], [a["loglik"] for _, a in paired])),
             "agreement": metrics.mean(metrics.token_agreement(r["output_ids"], a["output_ids"])
                                       for r, a in paired),
             "prefix_agreement": metrics.mean(metrics.common_prefix_fraction(r["output_ids"], a["output_ids"])
@@ -149,6 +157,11 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
                          f"{_num(1e3 * r['overhead_s_per_pass'], '{:.1f}')} | "
                          f"{_num(r['decode_tokens_per_s_median'], '{:.1f}')} | "
                          f"{_num(r['predicted_tokens_per_s_median'], '{:.1f}')} |")
+    if any(r["family"] not in ("ar",) and not r["family"].startswith(("hf-", "llama"))
+           for r in summary):
+        lines += ["", "Fidelity against AR on the same prompts (95% intervals: Wilson for pass@1, "
+                  "paired normal for the changes; relaxed: share of accepted drafts taken by a "
+                  "relaxed rule):", ""] + _fidelity_table(summary)
     loaded = sum(r["loaded_calls"] for r in summary)
     calls = sum(r["prompts"] for r in summary)
     if loaded:
@@ -180,6 +193,41 @@ def _table(rows: Sequence[dict]) -> list[str]:
                    f"{_num(r['deviation_per_token'], '{:.3f}')} | {_num(r['pass_at_1'])} | "
                    f"{_num(r['agreement'])} | {_num(r['exact_match'])} | {_num(r['loglik_mean'], '{:.3f}')} | "
                    f"{r['loaded_calls'] or '-'} |")
+    return out
+
+
+def _interval(values: Sequence[float] | None, fmt: str, signed: bool = False) -> str:
+    if not values or not _ok(values[0]):
+        return "-"
+    centre, lo, hi = values if len(values) == 3 else (None, *values)
+    shown = "" if centre is None else (("{:+" + fmt[2:]) if signed else fmt).format(centre) + " "
+    if not (_ok(lo) and _ok(hi)):
+        return shown.strip() or "-"
+    return f"{shown}[{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _ok(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _pass_cell(r: dict) -> str:
+    if not _ok(r["pass_at_1"]):
+        return "-"
+    return f"{_num(r['pass_at_1'])} {_interval(r.get('pass_at_1_ci'), '{:.2f}')}".strip()
+
+
+def _fidelity_table(rows: Sequence[dict]) -> list[str]:
+    out = ["| method | τ | relaxed | D/token | pass@1 [95% CI] | Δ pass@1 vs AR [95% CI] | "
+           "Δ loglik/token vs AR [95% CI] | vs AR | vs SD |", "|---" * 9 + "|"]
+    for r in rows:
+        if r["family"].startswith(("hf-", "llama")):
+            continue
+        out.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['relaxed_share'])} | "
+                   f"{_num(r['deviation_per_token'], '{:.3f}')} | "
+                   f"{_pass_cell(r)} | "
+                   f"{_interval(r.get('pass_at_1_change'), '{:.3f}', signed=True)} | "
+                   f"{_interval(r.get('loglik_change'), '{:.3f}', signed=True)} | "
+                   f"{_num(r['speedup_vs_ar'], '{:.2f}', 'x')} | {_num(r['speedup_vs_sd'], '{:.2f}', 'x')} |")
     return out
 
 

@@ -1,0 +1,99 @@
+"""Side-by-side step-cost comparison (``--weights auto``): deterministic, on a fake clock."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from nsd import calibrate
+from nsd.api import pick_format
+from mock import MockLM
+
+
+class Clock:
+    """perf_counter stand-in: backends advance it by what their forward 'costs'."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.calls = 0
+
+
+class TimedLM(MockLM):
+    """A mock whose forwards cost ``per_token`` seconds each, times the machine's
+    slowdown, which is 3x for the first ``cold`` forwards of the whole process."""
+
+    def __init__(self, clock: Clock, per_token: float, cold: int = 8) -> None:
+        super().__init__(vocab_size=32)
+        self.clock, self.per_token, self.cold = clock, per_token, cold
+
+    def forward(self, tokens, all_logits=True):
+        self.clock.calls += 1
+        slow = 3.0 if self.clock.calls <= self.cold else 1.0
+        self.clock.now += slow * self.per_token * len(tokens)
+        return super().forward(tokens, all_logits)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: c.now)
+    return c
+
+
+def test_round_robin_spreads_a_cold_start_over_every_candidate(clock: Clock) -> None:
+    # Three identical backends; the machine is slow for its first 8 forwards (the
+    # prefills, warm-ups and the first two timed calls). Measured one after another
+    # the first backend would absorb it all; round-robin medians must not see it.
+    backends = [TimedLM(clock, 0.010) for _ in range(3)]
+    costs = calibrate.measure_side_by_side(backends, context=4)
+    assert costs == pytest.approx((0.010, 0.010, 0.010))
+    # The sequential measurement this replaced does show the bias (the test has power).
+    clock.calls = 0
+    first = calibrate.measure(backends[0], 1, context=4, repeats=3)[0]
+    assert first > 0.015
+
+
+def test_a_cheaper_candidate_measures_cheaper(clock: Clock) -> None:
+    costs = calibrate.measure_side_by_side([TimedLM(clock, 0.010), TimedLM(clock, 0.009)], context=4)
+    assert costs[1] < costs[0]
+
+
+def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, monkeypatch) -> None:
+    busy = {"flag": False}
+
+    @contextlib.contextmanager
+    def measure():
+        yield SimpleNamespace(sample=SimpleNamespace(flagged=busy["flag"], other_cpu=0.9))
+
+    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.models.cache_dir", lambda: tmp_path)
+    files = {}
+    for name in ("original", "q4_0"):
+        files[name] = tmp_path / f"{name}.gguf"
+        files[name].write_bytes(b"x")
+    a, b = TimedLM(clock, 0.010), TimedLM(clock, 0.006)
+    busy["flag"] = True
+    calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
+    assert not list(tmp_path.glob("calibration/compare-*.json"))
+    busy["flag"] = False
+    first = calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
+    calls = clock.calls
+    again = calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
+    assert again == first and clock.calls == calls  # from the cache: nothing ran
+    assert len(list((tmp_path / "calibration").glob("compare-*.json"))) == 1
+    files["q4_0"].write_bytes(b"xy")  # a changed file is measured again
+    calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
+    assert clock.calls > calls
+
+
+@pytest.mark.parametrize("costs, expected", [
+    ({"original": 0.046, "q4_0": 0.046, "q8_0": 0.087}, "original"),  # a tie keeps the original
+    ({"original": 0.046, "q4_0": 0.0445, "q8_0": 0.087}, "original"),  # 3% is within the margin
+    ({"original": 0.092, "q4_0": 0.055, "q8_0": 0.073}, "q4_0"),
+    ({"original": 0.092, "q4_0": 0.080, "q8_0": 0.073}, "q8_0"),
+])
+def test_pick_format_needs_a_derived_format_to_win_by_the_margin(costs, expected) -> None:
+    assert pick_format(costs) == expected
