@@ -3,7 +3,8 @@
 # with a fidelity budget B = 1 and 4 (at θ = 0.95, the loosest nucleus), and typical
 # acceptance with Medusa's defaults, all with the 0.5B draft at a fixed k = 4, on all 164
 # HumanEval problems (pass@1) and Spec-Bench (3 questions x 13 categories), at temperature
-# 0 and at 0.8 with top-p 0.95 (seed 0 for every problem and method). One interleaved run
+# 0 and at 0.8 with top-p 0.95 (seed 0 for every problem and method); 256 new tokens at
+# most for HumanEval (complete functions), 128 for Spec-Bench. One interleaved run
 # per dataset and temperature; resumable (a run cut short continues from its journal).
 #
 # k is fixed at 4 rather than auto because on a CPU where speculation does not pay, -k auto
@@ -18,7 +19,7 @@ NSD=${NSD:-.venv/bin/nsd}
 OUT=benchmarks/results/frontier
 COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
         --methods ar,sd,nsd,nsd-budget,typical --theta 0.5,0.7,0.9,0.95 --budget 1,4
-        -k 4 --max-new-tokens 256 --seed 0)
+        -k 4 --seed 0)
 run() {
     local name=$1; shift
     echo "== $name: $NSD bench ${COMMON[*]} $* --out $OUT/$name" >&2
@@ -26,10 +27,10 @@ run() {
 }
 for name in ${@:-specbench-t0 specbench-t0.8 humaneval-t0 humaneval-t0.8}; do
     case "$name" in
-        humaneval-t0)   run "$name" --dataset humaneval --temperature 0 ;;
-        specbench-t0)   run "$name" --dataset spec-bench --limit 3 --per-category --temperature 0 ;;
-        humaneval-t0.8) run "$name" --dataset humaneval --temperature 0.8 --top-p 0.95 ;;
-        specbench-t0.8) run "$name" --dataset spec-bench --limit 3 --per-category --temperature 0.8 --top-p 0.95 ;;
+        humaneval-t0)   run "$name" --dataset humaneval --max-new-tokens 256 --temperature 0 ;;
+        specbench-t0)   run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 --temperature 0 ;;
+        humaneval-t0.8) run "$name" --dataset humaneval --max-new-tokens 256 --temperature 0.8 --top-p 0.95 ;;
+        specbench-t0.8) run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 --temperature 0.8 --top-p 0.95 ;;
         *) echo "unknown run $name" >&2; exit 2 ;;
     esac
 done
