@@ -49,11 +49,12 @@ from typing import Iterable, Sequence, TypeVar
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
 from nsd.bench.metrics import acceptance_by_position, median, wilson_interval
-from nsd.bench.store import jsonable, write_json_atomic, write_text_atomic
+from nsd.bench.store import JOURNAL, SETTINGS, Journal, write_json_atomic, write_text_atomic  # noqa: F401 (SETTINGS: tests)
+from nsd.errors import NSDError
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vllm"
-JOURNAL, SETTINGS, RESULTS, REPORT = "journal.jsonl", "settings.json", "results.json", "report.md"
+RESULTS, REPORT = "results.json", "report.md"
 ENGINES = ("plain", "ngram", "draft")
 Key = tuple[str, float, str]  # (prompt uid, temperature, method label)
 T = TypeVar("T")
@@ -88,46 +89,6 @@ def missing(uids: Iterable[str], temps: Sequence[float], labels: Sequence[str], 
     return sum((u, float(t), m) not in done for u in uids for t in temps for m in labels)
 
 
-def read_journal(path: Path) -> dict[Key, dict]:
-    """Finished rows by key. A run killed mid-append leaves a partial last line: it is
-    dropped (and the file rewritten) so the next append starts on a line of its own; a bad
-    line anywhere else means the file was damaged otherwise, and that stops the run."""
-    if not path.is_file():
-        return {}
-    raw = path.read_text(encoding="utf-8")
-    lines = raw.splitlines()
-    rows: dict[Key, dict] = {}
-    kept: list[str] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            rows[row_key(row)] = row
-            kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            if number == len(lines):
-                print(f"[bench] ignoring a truncated last line in {path}", file=sys.stderr)
-                continue
-            raise SystemExit(f"{path}:{number} is corrupt; pass --overwrite to start over")
-    if raw and not raw.endswith("\n"):
-        write_text_atomic(path, "".join(line + "\n" for line in kept))
-    return rows
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one whole line with one O_APPEND write and fsync it: a crash loses at most
-    the row in flight, and never leaves half a line in the middle of the file."""
-    data = (json.dumps(jsonable(row), ensure_ascii=False) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        while data:
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def settings_of(args: argparse.Namespace) -> dict:
     """What makes rows of two runs comparable; the engine selection may differ."""
     return {"target": args.target, "draft": args.draft, "datasets": args.datasets.split(","),
@@ -136,27 +97,10 @@ def settings_of(args: argparse.Namespace) -> dict:
             "temperatures": [float(t) for t in args.temperatures.split(",")]}
 
 
-def prepare_out(out: Path, settings: dict, overwrite: bool) -> None:
-    """Check ``out`` holds a run with these settings (or none), then pin them."""
-    out.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(jsonable(settings)))
-    if overwrite:
-        for name in (JOURNAL, SETTINGS, RESULTS, REPORT):
-            (out / name).unlink(missing_ok=True)
-    elif (out / SETTINGS).is_file():
-        try:
-            old = json.loads((out / SETTINGS).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        if old != settings:
-            keys = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            diff = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in keys)
-            raise SystemExit(f"{out} holds a run with different settings ({diff}); use another "
-                             "--out folder or pass --overwrite to discard it")
-    elif (out / JOURNAL).is_file() and (out / JOURNAL).stat().st_size:
-        raise SystemExit(f"{out / JOURNAL} exists without {SETTINGS}; use another --out folder "
-                         "or pass --overwrite")
-    write_json_atomic(out / SETTINGS, settings)
+def open_journal(args: argparse.Namespace, overwrite: bool = False) -> Journal:
+    """The run's journal in ``args.out`` (nsd bench's own: settings check, a truncated last
+    line dropped, fsynced appends), keyed by (prompt, temperature, method)."""
+    return Journal(args.out, settings_of(args), overwrite=overwrite, key=row_key)
 
 
 def score_humaneval(prompt: BenchPrompt, text: str, timeout_s: float) -> dict:
@@ -328,8 +272,8 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
     from nsd.load import LoadMonitor
     from nsd.verify import RuleConfig
 
-    journal = args.out / JOURNAL
-    done = read_journal(journal)
+    journal = open_journal(args)
+    done = journal.records
     temps = [float(t) for t in args.temperatures.split(",")]
     methods = engine_methods(args.theta, args.budget)[name]
     if not missing([p.uid for p in prompts], temps, [m[0] for m in methods], done):
@@ -364,8 +308,7 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
                 use(rule)
                 row = run_one(llm, prompt, text, temp, args, report if spec else None, monitor)
                 row.update(method=label, engine=name)
-                append_row(journal, row)
-                done[row_key(row)] = row
+                journal.append(row)
                 print(f"[bench] {prompt.uid} T={temp:g} {label}: {row['tokens']} tokens, "
                       f"{row['tokens'] / row['wall']:.2f} tok/s", flush=True)
     del llm
@@ -413,12 +356,12 @@ def main() -> None:
         run_engine(names[0], args, prompts)
         return
     settings = settings_of(args)
-    prepare_out(args.out, settings, args.overwrite)
+    open_journal(args, overwrite=args.overwrite)
     temps = settings["temperatures"]
     methods = engine_methods(args.theta, args.budget)
     uids = [p.uid for p in prompts]
     for name in names:
-        todo = missing(uids, temps, [m[0] for m in methods[name]], read_journal(args.out / JOURNAL))
+        todo = missing(uids, temps, [m[0] for m in methods[name]], open_journal(args).records)
         print(f"[bench] {name}: {todo} rows to run", flush=True)
         if todo:
             rc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--engines", name,
@@ -426,7 +369,7 @@ def main() -> None:
             if rc:
                 raise SystemExit(f"engine {name} failed (exit {rc}); finished rows are kept in "
                                  f"{args.out / JOURNAL}: rerun the same command to resume")
-    done = read_journal(args.out / JOURNAL)
+    done = open_journal(args).records
     labels = [label for n in names for label, _ in methods[n]]
     rows = [done[(u, t, m)] for u in uids for t in temps for m in labels if (u, t, m) in done]
     sections = [("All prompts", summary_table(rows, labels, temps))]
@@ -448,4 +391,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NSDError as exc:  # a bad --out folder: one line and a non-zero exit, no traceback
+        raise SystemExit(f"vllm_bench: {exc}") from None

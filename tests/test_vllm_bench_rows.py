@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from nsd.bench.datasets import BenchPrompt
+from nsd.bench.store import Journal
+from nsd.errors import NSDError
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_bench.py"
 
@@ -108,47 +110,54 @@ def test_method_order_rotates_per_prompt() -> None:
     assert vb.method_order(["plain"], 7) == ["plain"]
 
 
+SETTINGS = {"datasets": ["humaneval"], "limit": 5, "max_tokens": 128, "temperatures": [0.0, 0.8]}
+
+
+def journal(folder: Path, settings: dict = SETTINGS, overwrite: bool = False) -> Journal:
+    return Journal(folder, settings, overwrite=overwrite, key=vb.row_key)
+
+
 def test_journal_resume_skips_done_rows_and_drops_a_truncated_last_line(tmp_path: Path) -> None:
     path = tmp_path / vb.JOURNAL
-    vb.append_row(path, row("humaneval:0", "SD", 0.0, 5, 1.0, passed=True))
-    vb.append_row(path, row("humaneval:0", "SD", 0.8, 5, 1.0, led={"deviation": math.nan}))
+    first = journal(tmp_path)
+    first.append(row("humaneval:0", "SD", 0.0, 5, 1.0, passed=True))
+    first.append(row("humaneval:0", "SD", 0.8, 5, 1.0, led={"deviation": math.nan}))
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"prompt": "humaneval:1", "tempera')  # killed mid-write
-    done = vb.read_journal(path)
+    done = journal(tmp_path).records
     assert set(done) == {("humaneval:0", 0.0, "SD"), ("humaneval:0", 0.8, "SD")}
     assert done[("humaneval:0", 0.8, "SD")]["ledger"]["deviation"] is None  # NaN -> null
     assert path.read_text(encoding="utf-8").endswith("}\n")  # the partial line is gone
     # 2 prompts x 2 temperatures x 2 methods, 2 rows done.
     assert vb.missing(["humaneval:0", "humaneval:1"], [0, 0.8], ["SD", "NSD"], done) == 6
-    vb.append_row(path, row("humaneval:1", "NSD", 0.8, 5, 1.0))
-    assert len(vb.read_journal(path)) == 3
-    assert vb.missing(["humaneval:0"], [0.0, 0.8], ["SD"], vb.read_journal(path)) == 0
+    journal(tmp_path).append(row("humaneval:1", "NSD", 0.8, 5, 1.0))
+    assert len(journal(tmp_path).records) == 3
+    assert vb.missing(["humaneval:0"], [0.0, 0.8], ["SD"], journal(tmp_path).records) == 0
 
 
 def test_journal_with_a_corrupt_middle_line_stops(tmp_path: Path) -> None:
+    journal(tmp_path)
     path = tmp_path / vb.JOURNAL
     path.write_text("not json\n" + json.dumps(row("a", "SD", 0.0, 1, 1.0)) + "\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match="journal.jsonl:1 is corrupt"):
-        vb.read_journal(path)
+    with pytest.raises(NSDError, match="journal.jsonl:1 is corrupt"):
+        journal(tmp_path)
 
 
 def test_settings_mismatch_stops_unless_overwrite(tmp_path: Path) -> None:
-    settings = {"datasets": ["humaneval"], "limit": 5, "max_tokens": 128, "temperatures": [0.0, 0.8]}
-    vb.prepare_out(tmp_path, settings, overwrite=False)
-    vb.append_row(tmp_path / vb.JOURNAL, row("a", "SD", 0.0, 1, 1.0))
-    vb.prepare_out(tmp_path, dict(settings), overwrite=False)  # same settings: resume
-    assert len(vb.read_journal(tmp_path / vb.JOURNAL)) == 1
-    with pytest.raises(SystemExit, match=r"max_tokens: 128 -> 64.*--overwrite"):
-        vb.prepare_out(tmp_path, {**settings, "max_tokens": 64}, overwrite=False)
-    vb.prepare_out(tmp_path, {**settings, "max_tokens": 64}, overwrite=True)
+    settings = SETTINGS
+    journal(tmp_path, settings).append(row("a", "SD", 0.0, 1, 1.0))
+    assert len(journal(tmp_path, dict(settings)).records) == 1  # same settings: resume
+    with pytest.raises(NSDError, match=r"max_tokens: 128 -> 64.*--overwrite"):
+        journal(tmp_path, {**settings, "max_tokens": 64})
+    journal(tmp_path, {**settings, "max_tokens": 64}, overwrite=True)
     assert not (tmp_path / vb.JOURNAL).exists()
     assert json.loads((tmp_path / vb.SETTINGS).read_text())["max_tokens"] == 64
 
 
 def test_journal_without_settings_stops(tmp_path: Path) -> None:
-    vb.append_row(tmp_path / vb.JOURNAL, row("a", "SD", 0.0, 1, 1.0))
-    with pytest.raises(SystemExit, match="without settings.json"):
-        vb.prepare_out(tmp_path, {"limit": 1}, overwrite=False)
+    (tmp_path / vb.JOURNAL).write_text(json.dumps(row("a", "SD", 0.0, 1, 1.0)) + "\n", encoding="utf-8")
+    with pytest.raises(NSDError, match="without settings.json"):
+        journal(tmp_path, {"limit": 1})
 
 
 def test_score_humaneval_truncates_and_runs_the_tests() -> None:

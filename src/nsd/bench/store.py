@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nsd.errors import NSDError
 
@@ -64,9 +64,12 @@ def record_key(record: dict) -> tuple[str, str]:
 
 
 class Journal:
-    """Finished records of one output folder, keyed by (prompt uid, method label)."""
+    """Finished records of one output folder, keyed by ``key(record)``: by default
+    (prompt uid, method label); another benchmark may key by more fields."""
 
-    def __init__(self, out_dir: Path, settings: dict, overwrite: bool = False) -> None:
+    def __init__(self, out_dir: Path, settings: dict, overwrite: bool = False,
+                 key: Callable[[dict], tuple] = record_key) -> None:
+        self.key = key
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / JOURNAL
         settings = json.loads(json.dumps(jsonable(settings)))
@@ -88,23 +91,23 @@ class Journal:
                                f"({_differences(old, settings)}); use another --out folder or "
                                "pass --overwrite to discard it")
         elif self.path.is_file() and self.path.stat().st_size:
-            raise NSDError(f"{self.path} exists without its {SETTINGS}; use another --out "
+            raise NSDError(f"{self.path} exists without {SETTINGS}; use another --out "
                            "folder or pass --overwrite")
         write_json_atomic(settings_path, settings)
-        self.records: dict[tuple[str, str], dict] = self._read()
+        self.records: dict[tuple, dict] = self._read()
 
-    def _read(self) -> dict[tuple[str, str], dict]:
+    def _read(self) -> dict[tuple, dict]:
         if not self.path.is_file():
             return {}
-        records: dict[tuple[str, str], dict] = {}
+        records: dict[tuple, dict] = {}
         lines = self.path.read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                records[record_key(record)] = record
-            except (json.JSONDecodeError, KeyError, TypeError):
+                records[self.key(record)] = record
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 if number == len(lines):  # the write in flight when a run was killed
                     print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
                     continue
@@ -113,11 +116,11 @@ class Journal:
             self._rewrite(records)  # drop the partial line so appends start on a fresh one
         return records
 
-    def _rewrite(self, records: dict[tuple[str, str], dict]) -> None:
+    def _rewrite(self, records: dict[tuple, dict]) -> None:
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values())
         write_text_atomic(self.path, text)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
+    def __contains__(self, key: tuple) -> bool:
         return key in self.records
 
     def __len__(self) -> int:
@@ -140,7 +143,7 @@ class Journal:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
-        self.records[record_key(record)] = record
+        self.records[self.key(record)] = record
 
 
 def _differences(old: Any, new: dict) -> str:
