@@ -80,15 +80,20 @@ def _filler(vocab: int, n: int) -> list[int]:
     return [(100 + 7919 * i) % min(vocab, 20000) for i in range(n)]
 
 
+def _prime(backend: ModelBackend, ids: list[int], context: int) -> None:
+    """Cache ``ids[:context]`` and run one untimed step after it (lazy allocations, caches)."""
+    backend.reset()
+    backend.forward(ids[:context], all_logits=False)
+    backend.forward(ids[context:context + 1])
+    backend.rewind(context)
+
+
 def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
             repeats: int = REPEATS) -> tuple[float, ...]:
     """Median seconds of one forward over ``n = 1..n_max`` tokens after ``context`` cached
     tokens. The sizes are interleaved within each repeat, so drift hits them alike."""
     ids = _filler(backend.vocab_size, context + n_max)
-    backend.reset()
-    backend.forward(ids[:context], all_logits=False)
-    backend.forward(ids[context:context + 1])  # warm-up: lazy allocations, caches
-    backend.rewind(context)
+    _prime(backend, ids, context)
     samples: list[list[float]] = [[] for _ in range(n_max)]
     for _ in range(repeats):
         for n in range(1, n_max + 1):
@@ -110,10 +115,7 @@ def measure_side_by_side(backends: Sequence[ModelBackend], context: int = CONTEX
     put drift and warm-up on every candidate alike."""
     ids = [_filler(b.vocab_size, context + 1) for b in backends]
     for backend, seq in zip(backends, ids):
-        backend.reset()
-        backend.forward(seq[:context], all_logits=False)
-        backend.forward(seq[context:])  # warm-up, untimed
-        backend.rewind(context)
+        _prime(backend, seq, context)
     samples: list[list[float]] = [[] for _ in backends]
     order = list(range(len(backends)))
     for r in range(repeats):
@@ -132,20 +134,14 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
     """c(1) seconds of each named (backend, file), measured side by side and cached like
     :func:`calibrate` (keyed by every candidate's key; not cached when the machine is busy)."""
     from nsd.load import LoadMonitor
-    from nsd.models import cache_dir
 
     names = list(candidates)
     key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
            "repeats": COMPARE_REPEATS}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / "calibration" / f"compare-{digest}.json"
-    if not refresh and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("key") == key and set(data["costs"]) == set(names):
-                return {n: float(data["costs"][n]) for n in names}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    path = _cache_path("compare", key)
+    cached = None if refresh else _read_cache(path, key)
+    if cached is not None and set(cached) == set(names):
+        return {n: float(cached[n]) for n in names}
     if not quiet:
         print(f"nsd: comparing the step cost of {', '.join(names)} on this machine (once)",
               file=sys.stderr)
@@ -155,6 +151,23 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
     if not load.sample.flagged:
         _write_atomic(path, {"key": key, "costs": costs})
     return costs
+
+
+def _cache_path(stem: str, key: dict[str, Any]) -> Path:
+    from nsd.models import cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / "calibration" / f"{stem}-{digest}.json"
+
+
+def _read_cache(path: Path, key: dict[str, Any]) -> Any:
+    """The cached ``costs`` stored under exactly ``key``, or None (absent, another key, or
+    unreadable: then it is measured again and overwritten)."""
+    try:
+        data = json.loads(path.read_text())
+        return data["costs"] if data.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _write_atomic(path: Path, data: Any) -> None:
@@ -182,18 +195,12 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
     """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
     cache when this machine has measured them before."""
     from nsd.load import LoadMonitor  # psutil: only needed when measuring
-    from nsd.models import cache_dir
 
     key = calibration_key(backend, model_file, n_max)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / "calibration" / f"{Path(model_file).stem}-{digest}.json"
-    if not refresh and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("key") == key and len(data["costs"]) == n_max:
-                return Calibration(tuple(float(c) for c in data["costs"]), key, cached=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable: measure again and overwrite
+    path = _cache_path(Path(model_file).stem, key)
+    cached = None if refresh else _read_cache(path, key)
+    if cached is not None and len(cached) == n_max:
+        return Calibration(tuple(float(c) for c in cached), key, cached=True)
     if not quiet:
         print(f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
               file=sys.stderr)

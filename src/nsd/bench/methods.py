@@ -22,6 +22,12 @@ FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", 
 PROPOSERS = ("draft", "ngram")
 
 
+def is_peer_family(family: str) -> bool:
+    """A method family run by someone else's generate (transformers, llama.cpp), not nsd's
+    engine; summary rows carry only the family, so reports ask this of it."""
+    return family.startswith("hf-") or family == "llama-generate"
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     label: str
@@ -42,7 +48,7 @@ class MethodSpec:
     @property
     def is_peer(self) -> bool:
         """Run by someone else's generate, not nsd's engine."""
-        return self.is_hf or self.is_llama_peer
+        return is_peer_family(self.family)
 
     @property
     def ar_baseline(self) -> str:

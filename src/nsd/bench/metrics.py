@@ -14,6 +14,11 @@ from typing import Iterable, Sequence
 import torch
 
 
+def defined(value) -> bool:
+    """A figure that can be shown: neither missing (None) nor undefined (NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def median(values: Iterable[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(values) if values else math.nan

@@ -14,9 +14,12 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
+
+from nsd.bench.methods import is_peer_family
+from nsd.bench.metrics import defined as _ok
 
 
 def _pyplot():
@@ -28,16 +31,20 @@ def _pyplot():
     return plt
 
 
-def _ok(value) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)  # atomic, like every other output file
-    return path
+@contextlib.contextmanager
+def _figure(path: Path, figsize: tuple[float, float]) -> Iterator:
+    """One figure's axes; on leaving the block the figure is written to ``path``
+    atomically, like every other output file, and closed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        yield ax
+        fig.tight_layout()
+        tmp = path.with_name(f".{path.name}.tmp.png")
+        fig.savefig(tmp, dpi=120)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
 
 
 def quality_metric(summary: Sequence[dict]) -> tuple[str, str] | None:
@@ -53,21 +60,18 @@ def plot_speedup_vs_theta(summary: Sequence[dict], path: Path) -> Path | None:
     rows = [r for r in summary if r["family"] == "nsd" and _ok(r["speedup_vs_ar"])]
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for proposer in dict.fromkeys(r["proposer"] for r in rows):
-        points = sorted((r["theta"], r["speedup_vs_ar"]) for r in rows if r["proposer"] == proposer)
-        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"NSD ({proposer})")
-        sd = [r for r in summary if r["method"] == f"sd/{proposer}" and _ok(r["speedup_vs_ar"])]
-        if sd:
-            ax.axhline(sd[0]["speedup_vs_ar"], linestyle="--", color=line.get_color(),
-                       label=f"SD ({proposer})")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("θ (nucleus threshold)")
-    ax.set_ylabel("speedup over AR (median tok/s ratio)")
-    ax.legend()
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (6, 4)) as ax:
+        for proposer in dict.fromkeys(r["proposer"] for r in rows):
+            points = sorted((r["theta"], r["speedup_vs_ar"]) for r in rows if r["proposer"] == proposer)
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"NSD ({proposer})")
+            sd = [r for r in summary if r["method"] == f"sd/{proposer}" and _ok(r["speedup_vs_ar"])]
+            if sd:
+                ax.axhline(sd[0]["speedup_vs_ar"], linestyle="--", color=line.get_color(),
+                           label=f"SD ({proposer})")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("θ (nucleus threshold)")
+        ax.set_ylabel("speedup over AR (median tok/s ratio)")
+        ax.legend()
     return path
 
 
@@ -77,17 +81,14 @@ def plot_quality_vs_speedup(summary: Sequence[dict], path: Path) -> Path | None:
     if not rows or metric is None:
         return None
     key, name = metric
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        ax.scatter(r["speedup_vs_ar"], r[key], marker="s" if r["family"].startswith("hf-") else "o")
-        ax.annotate(r["method"], (r["speedup_vs_ar"], r[key]), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("speedup over AR")
-    ax.set_ylabel(name)
-    ax.set_title("quality vs speed")
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (6, 4)) as ax:
+        for r in rows:
+            ax.scatter(r["speedup_vs_ar"], r[key], marker="s" if r["family"].startswith("hf-") else "o")
+            ax.annotate(r["method"], (r["speedup_vs_ar"], r[key]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel("speedup over AR")
+        ax.set_ylabel(name)
+        ax.set_title("quality vs speed")
     return path
 
 
@@ -95,24 +96,21 @@ def plot_accepted_length(summary: Sequence[dict], path: Path) -> Path | None:
     rows = [r for r in summary if sum(r.get("accepted_length_histogram") or [])]
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    width = 0.8 / len(rows)
-    for i, r in enumerate(rows):
-        counts = r["accepted_length_histogram"]
-        total = sum(counts)
-        xs = [n + (i - (len(rows) - 1) / 2) * width for n in range(len(counts))]
-        ax.bar(xs, [c / total for c in counts], width=width, label=r["method"])
-    ax.set_xlabel("draft tokens accepted in one target pass")
-    ax.set_ylabel("share of passes")
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")  # outside the bars
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (max(6, len(rows) * 0.9), 4)) as ax:
+        width = 0.8 / len(rows)
+        for i, r in enumerate(rows):
+            counts = r["accepted_length_histogram"]
+            total = sum(counts)
+            xs = [n + (i - (len(rows) - 1) / 2) * width for n in range(len(counts))]
+            ax.bar(xs, [c / total for c in counts], width=width, label=r["method"])
+        ax.set_xlabel("draft tokens accepted in one target pass")
+        ax.set_ylabel("share of passes")
+        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")  # outside the bars
     return path
 
 
 def _frontier_rows(summary: Sequence[dict], key: str) -> list[dict]:
-    return [r for r in summary if r["family"] != "ar" and not r["family"].startswith(("hf-", "llama"))
+    return [r for r in summary if r["family"] != "ar" and not is_peer_family(r["family"])
             and r.get(key) and _ok(r[key][0])]
 
 
@@ -131,16 +129,13 @@ def plot_speedup_vs_pass_change(summary: Sequence[dict], path: Path) -> Path | N
     rows = [r for r in _frontier_rows(summary, "pass_at_1_change") if _ok(r["speedup_vs_ar"])]
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    _errorbar_points(ax, rows, lambda r: r["speedup_vs_ar"], "pass_at_1_change", horizontal=True)
-    ax.axvline(0.0, color="grey", linewidth=0.8)
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("change in pass@1 vs AR (paired 95% interval)")
-    ax.set_ylabel("speedup over AR")
-    ax.set_title("quality-speed frontier")
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (7, 4.5)) as ax:
+        _errorbar_points(ax, rows, lambda r: r["speedup_vs_ar"], "pass_at_1_change", horizontal=True)
+        ax.axvline(0.0, color="grey", linewidth=0.8)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("change in pass@1 vs AR (paired 95% interval)")
+        ax.set_ylabel("speedup over AR")
+        ax.set_title("quality-speed frontier")
     return path
 
 
@@ -148,14 +143,11 @@ def plot_deviation_vs_loglik(summary: Sequence[dict], path: Path) -> Path | None
     rows = [r for r in _frontier_rows(summary, "loglik_change") if _ok(r["deviation_per_token"])]
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    _errorbar_points(ax, rows, lambda r: r["deviation_per_token"], "loglik_change", horizontal=False)
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("D per token (fidelity bound spent)")
-    ax.set_ylabel("change in mean target log-likelihood vs AR (nats/token)")
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (7, 4.5)) as ax:
+        _errorbar_points(ax, rows, lambda r: r["deviation_per_token"], "loglik_change", horizontal=False)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("D per token (fidelity bound spent)")
+        ax.set_ylabel("change in mean target log-likelihood vs AR (nats/token)")
     return path
 
 
@@ -163,17 +155,14 @@ def plot_acceptance_by_position(summary: Sequence[dict], path: Path) -> Path | N
     rows = [r for r in summary if any(_ok(v) for v in r.get("acceptance_by_position") or [])]
     if not rows:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
-        values = r["acceptance_by_position"]
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=r["method"])
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("P(accepted | reached)")
-    ax.set_ylim(0.0, 1.02)
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")
-    path = _save(fig, path)
-    plt.close(fig)
+    with _figure(path, (7, 4.5)) as ax:
+        for r in rows:
+            values = r["acceptance_by_position"]
+            ax.plot(range(1, len(values) + 1), values, marker="o", label=r["method"])
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("P(accepted | reached)")
+        ax.set_ylim(0.0, 1.02)
+        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")
     return path
 
 

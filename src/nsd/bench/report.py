@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from nsd.bench import metrics
-from nsd.bench.methods import MethodSpec
+from nsd.bench.methods import MethodSpec, is_peer_family
 from nsd.bench.store import write_json_atomic, write_text_atomic
 
 
@@ -120,7 +120,7 @@ def environment() -> dict:
 
 
 def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if not metrics.defined(value):
         return "-"
     return fmt.format(value) + suffix
 
@@ -143,13 +143,13 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
               "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
               "Agreement: token positions equal to the AR output (exact: identical text).", ""]
     lines += _table(summary)
-    if any(r.get("mean_k") is not None and not math.isnan(r["mean_k"]) for r in summary):
+    if any(metrics.defined(r.get("mean_k")) for r in summary):
         lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
                   "(k̄: mean k per pass; plain: share of passes with k = 0, chosen by -k auto):", "",
                   "| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
                   "|---" * 9 + "|"]
         for r in summary:
-            if r.get("mean_k") is None or math.isnan(r["mean_k"]):
+            if not metrics.defined(r.get("mean_k")):
                 continue
             lines.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['mean_k'])} | "
                          f"{_num(r['plain_step_share'])} | {_num(1e3 * r['draft_s_per_pass'], '{:.1f}')} | "
@@ -157,8 +157,7 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
                          f"{_num(1e3 * r['overhead_s_per_pass'], '{:.1f}')} | "
                          f"{_num(r['decode_tokens_per_s_median'], '{:.1f}')} | "
                          f"{_num(r['predicted_tokens_per_s_median'], '{:.1f}')} |")
-    if any(r["family"] not in ("ar",) and not r["family"].startswith(("hf-", "llama"))
-           for r in summary):
+    if any(r["family"] != "ar" and not is_peer_family(r["family"]) for r in summary):
         lines += ["", "Fidelity against AR on the same prompts (95% intervals: Wilson for pass@1, "
                   "paired normal for the changes; relaxed: share of accepted drafts taken by a "
                   "relaxed rule):", ""] + _fidelity_table(summary)
@@ -197,21 +196,17 @@ def _table(rows: Sequence[dict]) -> list[str]:
 
 
 def _interval(values: Sequence[float] | None, fmt: str, signed: bool = False) -> str:
-    if not values or not _ok(values[0]):
+    if not values or not metrics.defined(values[0]):
         return "-"
     centre, lo, hi = values if len(values) == 3 else (None, *values)
     shown = "" if centre is None else (("{:+" + fmt[2:]) if signed else fmt).format(centre) + " "
-    if not (_ok(lo) and _ok(hi)):
+    if not (metrics.defined(lo) and metrics.defined(hi)):
         return shown.strip() or "-"
     return f"{shown}[{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
-def _ok(value) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
 def _pass_cell(r: dict) -> str:
-    if not _ok(r["pass_at_1"]):
+    if not metrics.defined(r["pass_at_1"]):
         return "-"
     return f"{_num(r['pass_at_1'])} {_interval(r.get('pass_at_1_ci'), '{:.2f}')}".strip()
 
@@ -220,7 +215,7 @@ def _fidelity_table(rows: Sequence[dict]) -> list[str]:
     out = ["| method | τ | relaxed | D/token | pass@1 [95% CI] | Δ pass@1 vs AR [95% CI] | "
            "Δ loglik/token vs AR [95% CI] | vs AR | vs SD |", "|---" * 9 + "|"]
     for r in rows:
-        if r["family"].startswith(("hf-", "llama")):
+        if is_peer_family(r["family"]):
             continue
         out.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['relaxed_share'])} | "
                    f"{_num(r['deviation_per_token'], '{:.3f}')} | "
