@@ -67,12 +67,10 @@ class LlamaGeneratePeer:
             cut = text.find(s)
             if cut >= 0:
                 text = text[:cut]
-        # Time to the first token covers the prompt *and* the first token's step, while
-        # nsd's prefill stops before that step. Move one step (the mean of the later ones)
-        # out of the prefill, so decode-only rates of the two count the same steps.
+        # prefill_s is the measured time to the first token: the prompt *and* the first
+        # token's step, while nsd's prefill stops before that step. Per-step comparisons
+        # count one step fewer for the peer (benchmarks/paired_speedup.py).
         prefill = first or 0.0
-        if len(tokens) > 1:
-            prefill = max(0.0, prefill - (wall - prefill) / (len(tokens) - 1))
         stats = DecodeStats(method="llama-generate", prompt_tokens=len(prompt_ids),
                             new_tokens=len(tokens), target_passes=len(tokens), drafted_tokens=0,
                             accepted_tokens=0, relaxed_accepts=0, deviation=0.0,
