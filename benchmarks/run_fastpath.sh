@@ -9,15 +9,10 @@
 # Results: benchmarks/results/fastpath/<name>/{report.md,results.json,journal.jsonl,*.png}
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NSD=${NSD:-.venv/bin/nsd}
+source benchmarks/bench_grid.sh
 OUT=benchmarks/results/fastpath
 COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
         --methods ar,sd,nsd,llama-generate --theta 0.9 --ks auto,2,4 --max-new-tokens 128)
-run() {
-    local name=$1; shift
-    echo "== $name: $NSD bench ${COMMON[*]} $* --out $OUT/$name" >&2
-    "$NSD" bench "${COMMON[@]}" "$@" --rerun-loaded --out "$OUT/$name"
-}
 for name in "${@:-humaneval-t0 specbench-t0 humaneval-t0.8 specbench-t0.8}"; do
     for one in $name; do
         case "$one" in

@@ -15,16 +15,11 @@
 # Results: benchmarks/results/frontier/<name>/{report.md,results.json,journal.jsonl,*.png}
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NSD=${NSD:-.venv/bin/nsd}
+source benchmarks/bench_grid.sh
 OUT=benchmarks/results/frontier
 COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
         --methods ar,sd,nsd,nsd-budget,typical --theta 0.5,0.7,0.9,0.95 --budget 1,4
         -k 4 --seed 0)
-run() {
-    local name=$1; shift
-    echo "== $name: $NSD bench ${COMMON[*]} $* --out $OUT/$name" >&2
-    "$NSD" bench "${COMMON[@]}" "$@" --rerun-loaded --out "$OUT/$name"
-}
 for name in ${@:-specbench-t0 specbench-t0.8 humaneval-t0 humaneval-t0.8}; do
     case "$name" in
         humaneval-t0)   run "$name" --dataset humaneval --max-new-tokens 256 --temperature 0 ;;

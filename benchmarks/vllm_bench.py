@@ -167,7 +167,7 @@ def _num(value: float | None, digits: int) -> str:
 
 def format_row(s: dict) -> str:
     """One Markdown table line of a summary ("-" where a figure is undefined)."""
-    pos = "-" if s["per_position"] is None else \
+    pos = "-" if not s["per_position"] else \
         "[" + ", ".join(_num(p, 2) for p in s["per_position"]) + "]"
     p = s["pass_at_1"]
     passed = "-" if p is None else \

@@ -16,7 +16,7 @@ from nsd.bench import cli as bench_cli
 from nsd.bench.datasets import BenchPrompt
 from nsd.bench.methods import expand_methods
 from nsd.bench.plots import write_plots
-from nsd.bench.report import write_report
+from nsd.bench.report import weights_used, write_report
 from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
 from nsd.bench.store import Journal, jsonable, write_json_atomic
 from nsd.cli import main
@@ -173,6 +173,21 @@ def test_report_and_plots(tmp_path: Path) -> None:
                                       "deviation_vs_loglik.png"}  # no pass@1 here: no frontier plot
     for p in made:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_weight_formats_are_recorded_per_call(tmp_path: Path) -> None:
+    engine = fake_engine()
+    engine.target_model.weights, engine.draft_model.weights = "original", "q4_0"
+    config = RunConfig(methods=METHODS[:3], generation=GenerationConfig(max_new_tokens=4, k=2), warmup=False)
+    records = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    by_method = {r["method"]: r["weights"] for r in records}
+    assert by_method == {"ar": {"target": "original"}, "sd/ngram": {"target": "original"},
+                         "sd/draft": {"target": "original", "draft": "q4_0"}}
+    assert weights_used(records) == "target original; draft q4_0"
+    # A resumed run that picked another target format says so, with counts.
+    mixed = records + [{**records[0], "weights": {"target": "q4_0"}}]
+    assert weights_used(mixed) == f"target original ({len(records)} calls), q4_0 (1 calls); draft q4_0"
+    assert weights_used([{"weights": {}}, {}]) is None
 
 
 def test_fidelity_changes_are_paired_with_ar(tmp_path: Path) -> None:

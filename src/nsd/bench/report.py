@@ -11,7 +11,7 @@ import importlib.metadata
 import math
 import os
 import platform
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -130,13 +130,31 @@ def _positions(values: Iterable[float]) -> str:
     return " ".join(shown) if shown else "-"
 
 
+def weights_used(records: Sequence[dict]) -> str | None:
+    """Which weight formats the calls ran on, e.g. "target original; draft q4_0" (more
+    than one value per role when a resumed run picked differently); None if unrecorded."""
+    roles: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        for role, fmt in (r.get("weights") or {}).items():
+            if fmt:
+                roles[role][fmt] += 1
+    if not roles:
+        return None
+    def show(counts: Counter) -> str:
+        if len(counts) == 1:
+            return next(iter(counts))
+        return ", ".join(f"{fmt} ({n} calls)" for fmt, n in counts.most_common())
+    return "; ".join(f"{role} {show(roles[role])}" for role in ("target", "draft") if role in roles)
+
+
 def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settings: dict,
-             max_other_cpu: float) -> str:
+             max_other_cpu: float, weights: str | None = None) -> str:
     lines = ["# nsd bench", ""]
     lines.append(f"Target `{settings.get('target')}`, draft `{settings.get('draft')}`, backend "
                  f"`{settings.get('backend')}`; datasets {', '.join(settings.get('datasets', []))}; "
                  f"max {settings['generation']['max_new_tokens']} new tokens, temperature "
-                 f"{settings['generation']['temperature']}, k = {settings['generation']['k']}.")
+                 f"{settings['generation']['temperature']}, k = {settings['generation']['k']}."
+                 + (f" Weight formats: {weights}." if weights else ""))
     lines += ["", "tok/s counts output tokens up to a stop sequence. Speedups are ratios of median "
               "per-prompt tokens/s within this run; hf-* peers "
               "are compared with hf-ar. τ = new tokens per target pass. Acceptance by position: "
@@ -231,7 +249,7 @@ def write_report(out_dir: Path, records: Sequence[dict], methods: Sequence[Metho
     """Write ``results.json`` and ``report.md`` atomically; return the summary and the text."""
     summary = summarize(records, methods)
     by_category = summarize_by_category(records, methods)
-    text = markdown(summary, by_category, settings, max_other_cpu)
+    text = markdown(summary, by_category, settings, max_other_cpu, weights_used(records))
     write_json_atomic(out_dir / "results.json", {
         "settings": settings, "environment": environment(), "max_other_cpu": max_other_cpu,
         "summary": summary, "by_category": by_category, "records": list(records)})

@@ -169,6 +169,7 @@ class BenchRunner:
             "tokens_per_s": len(output) / stats.wall_s if stats.wall_s > 0 else 0.0,
             "stats": stats.to_dict(),
             "load": load.sample.to_dict(),
+            "weights": self._weights(spec),
             "loglik": None, "passed": None, "exec_status": None, "exec_detail": None, "completion": None,
         }
         if self.config.loglik:
@@ -176,6 +177,16 @@ class BenchRunner:
         if prompt.test is not None and prompt.entry_point is not None:
             self._score_humaneval(prompt, text, record)
         return record
+
+    def _weights(self, spec: MethodSpec) -> dict:
+        """The weight formats this call ran on (``--weights auto`` picks per machine, and a
+        resumed run may pick differently). The transformers peers load their own weights."""
+        if spec.is_hf:
+            return {}
+        out = {"target": getattr(getattr(self.engine, "target_model", None), "weights", None)}
+        if spec.proposer == "draft":
+            out["draft"] = getattr(getattr(self.engine, "draft_model", None), "weights", None)
+        return out
 
     def _score_humaneval(self, prompt: BenchPrompt, text: str, record: dict) -> None:
         if prompt.chat:  # a chat answer holds a whole program in a code block
