@@ -178,7 +178,7 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
     if any(r["family"] != "ar" and not is_peer_family(r["family"]) for r in summary):
         lines += ["", "Fidelity against AR on the same prompts (95% intervals: Wilson for pass@1, "
                   "paired normal for the changes; relaxed: share of accepted drafts taken by a "
-                  "relaxed rule):", ""] + _fidelity_table(summary)
+                  "relaxed rule):", ""] + fidelity_table(summary)
     loaded = sum(r["loaded_calls"] for r in summary)
     calls = sum(r["prompts"] for r in summary)
     if loaded:
@@ -229,7 +229,8 @@ def _pass_cell(r: dict) -> str:
     return f"{_num(r['pass_at_1'])} {_interval(r.get('pass_at_1_ci'), '{:.2f}')}".strip()
 
 
-def _fidelity_table(rows: Sequence[dict]) -> list[str]:
+def fidelity_table(rows: Sequence[dict]) -> list[str]:
+    """The fidelity table's Markdown lines (our methods only; peers have no AR pairing)."""
     out = ["| method | τ | relaxed | D/token | pass@1 [95% CI] | Δ pass@1 vs AR [95% CI] | "
            "Δ loglik/token vs AR [95% CI] | vs AR | vs SD |", "|---" * 9 + "|"]
     for r in rows:

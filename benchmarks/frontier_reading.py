@@ -1,0 +1,100 @@
+"""The quality-speed frontier in one place, from `benchmarks/run_frontier.sh`'s folders:
+per run the fidelity table (pass@1 with its 95% interval, paired changes in pass@1 and in
+target log-likelihood against AR, τ, D/token, speed against AR and SD) and, per relaxed
+method, one sentence a user choosing θ and B can act on.
+
+    python benchmarks/frontier_reading.py benchmarks/results/frontier/*/
+
+A run still in progress is read from its journal, restricted to the prompts every method
+has finished (so each comparison stays paired); the heading says how many that is.
+Speed against SD here is the median over prompts of each prompt's own tokens/s ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from nsd.bench.methods import MethodSpec, expand_methods
+from nsd.bench.report import fidelity_table, summarize
+
+# The grid of run_frontier.sh (keep the two in step).
+METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
+                         [1.0, 4.0], ["draft"])
+
+
+def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[list[dict], int]:
+    """Records of the prompts that every method has finished, and how many prompts that is."""
+    by_prompt: dict[str, dict[str, dict]] = defaultdict(dict)
+    with open(journal, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:  # a torn last line of a run cut short
+                    continue
+                by_prompt[r["prompt"]][r["method"]] = r
+    labels = [m.label for m in methods]
+    done = [p for p, rs in by_prompt.items() if all(label in rs for label in labels)]
+    return [by_prompt[p][label] for p in done for label in labels], len(done)
+
+
+def paired_ratio(records: list[dict], method: str, reference: str) -> float:
+    """Median over prompts of tok/s(method) / tok/s(reference)."""
+    rate = defaultdict(dict)
+    for r in records:
+        rate[r["prompt"]][r["method"]] = r["tokens_per_s"]
+    ratios = [rs[method] / rs[reference] for rs in rate.values()
+              if method in rs and reference in rs and rs[reference] > 0]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def _interval(values) -> str:
+    centre, lo, hi = values
+    return f"{centre:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def reading(records: list[dict], summary: list[dict], execute: bool) -> list[str]:
+    """One sentence per relaxed method: speed against SD and AR (paired medians) at its
+    measured fidelity cost."""
+    out = []
+    for r in summary:
+        if r["family"] in ("ar", "sd"):
+            continue
+        quality = (f"pass@1 change vs AR {_interval(r['pass_at_1_change'])}" if execute else
+                   f"log-likelihood change vs AR {_interval(r['loglik_change'])} per token")
+        out.append(f"- **{r['method']}**: {paired_ratio(records, r['method'], 'sd/draft'):.2f}× SD's "
+                   f"speed and {paired_ratio(records, r['method'], 'ar'):.2f}× AR's (paired medians), "
+                   f"τ {r['tau']:.2f}, D/token {r['deviation_per_token']:.3f}, {quality}.")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="run_frontier.sh result folders")
+    args = ap.parse_args()
+    for run in args.runs:
+        results = run / "results.json"
+        if results.exists():
+            records = json.loads(results.read_text())["records"]
+            state = f"{len({r['prompt'] for r in records})} prompts, complete"
+        elif (run / "journal.jsonl").exists():
+            records, n = complete_records(run / "journal.jsonl", METHODS)
+            state = f"in progress: the {n} prompts every method has finished"
+        else:
+            raise SystemExit(f"{run}: no results.json or journal.jsonl")
+        if not records:
+            print(f"## {run.name} ({state})\n\nnothing to show yet\n")
+            continue
+        summary = summarize(records, METHODS)
+        execute = any(r.get("passed") is not None for r in records)
+        print(f"## {run.name} ({state})\n")
+        print("\n".join(fidelity_table(summary)) + "\n")
+        print("\n".join(reading(records, summary, execute)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""benchmarks/frontier_reading.py on a hand-made journal: only prompts every method has
+finished are read, the paired speed ratio is a median of per-prompt ratios, and each
+relaxed method gets its sentence with the paired quality change."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from nsd.bench.methods import expand_methods
+from nsd.bench.report import summarize
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier_reading.py"
+spec = importlib.util.spec_from_file_location("frontier_reading", SCRIPT)
+fr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fr)
+
+METHODS = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"])  # ar, sd/draft, nsd@0.9/draft
+
+
+def record(prompt: str, method: str, tok_s: float, passed: bool) -> dict:
+    family = method.split("@")[0].split("/")[0]
+    stats = {"new_tokens": 10, "target_passes": 10 if family == "ar" else 4, "accepted_tokens": 6,
+             "drafted_tokens": 8, "position_attempts": [4, 3], "position_accepts": [3, 3],
+             "relaxed_accepts": 2 if family == "nsd" else 0, "deviation": 0.5 if family == "nsd" else 0.0,
+             "wall_s": 10 / tok_s, "decode_tokens_per_s": tok_s, "propose_s": 0.1, "target_s": 0.2,
+             "overhead_per_pass_s": 0.001}
+    return {"prompt": prompt, "method": method, "family": family, "tokens_per_s": tok_s,
+            "stats": stats, "passed": passed, "loglik": -0.2, "output_ids": [1] * 10,
+            "token_ids": [1] * 10, "text": "x", "category": "c", "dataset": "toy",
+            "load": {"flagged": False, "other_cpu": 0.0}}
+
+
+def test_partial_journal_keeps_complete_prompts_and_pairs_ratios(tmp_path: Path) -> None:
+    rows = [record("p0", "ar", 10, True), record("p0", "sd/draft", 5, True), record("p0", "nsd@0.9/draft", 6, False),
+            record("p1", "ar", 10, True), record("p1", "sd/draft", 8, True), record("p1", "nsd@0.9/draft", 12, True),
+            record("p2", "ar", 10, True), record("p2", "sd/draft", 8, True),  # nsd missing: left out
+            record("p3", "ar", 10, True), record("p3", "sd/draft", 4, False), record("p3", "nsd@0.9/draft", 6, True)]
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"prompt": "p4", "meth')
+    records, n = fr.complete_records(journal, METHODS)
+    assert n == 3 and {r["prompt"] for r in records} == {"p0", "p1", "p3"}
+    # Per-prompt nsd/sd ratios 1.2, 1.5, 1.5: median 1.5 (a ratio of medians would say 6/5 = 1.2).
+    assert fr.paired_ratio(records, "nsd@0.9/draft", "sd/draft") == pytest.approx(1.5)
+    assert fr.paired_ratio(records, "nsd@0.9/draft", "ar") == pytest.approx(0.6)
+    lines = fr.reading(records, summarize(records, METHODS), execute=True)
+    assert len(lines) == 1 and lines[0].startswith("- **nsd@0.9/draft**: 1.50× SD's speed and 0.60× AR's")
+    # pass@1 changes vs AR on the same prompts: -1, 0, 0 -> mean -1/3.
+    assert "pass@1 change vs AR -0.333" in lines[0]
