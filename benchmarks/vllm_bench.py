@@ -62,12 +62,15 @@ T = TypeVar("T")
 
 # --------------------------------------------------------------------------- pure parts
 
+PLAIN, SD_DRAFT = "vLLM plain", "vLLM SD draft"  # the references speeds are paired against
+
+
 def engine_methods(theta: float, budget: float) -> dict[str, list[tuple[str, dict | None]]]:
     """Per engine, its methods as (label, RuleConfig keyword arguments; None = no plugin)."""
     return {
-        "plain": [("vLLM plain", None)],
+        "plain": [(PLAIN, None)],
         "ngram": [("vLLM SD ngram", {"kind": "exact"})],
-        "draft": [("vLLM SD draft", {"kind": "exact"}),
+        "draft": [(SD_DRAFT, {"kind": "exact"}),
                   (f"vLLM+NSD θ{theta}", {"kind": "nucleus", "theta": theta}),
                   (f"vLLM+NSD θ{theta} B={budget}", {"kind": "nucleus", "theta": theta, "budget": budget})],
     }
@@ -147,22 +150,41 @@ def summarise(rows: Sequence[dict]) -> dict:
     return out
 
 
+def paired_ratio(rows: Iterable[dict], method: str, reference: str, temperature: float) -> float:
+    """Median over prompts of tok/s(method) / tok/s(reference) at one temperature: each
+    prompt against itself, so prompt length and prefill cancel."""
+    rate: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if float(r["temperature"]) == float(temperature) and r["wall"] > 0:
+            rate[r["prompt"]][r["method"]] = r["tokens"] / r["wall"]
+    ratios = [v[method] / v[reference] for v in rate.values()
+              if method in v and v.get(reference, 0) > 0]
+    return median(ratios) if ratios else math.nan
+
+
 def summary_table(rows: Iterable[dict], labels: Sequence[str], temps: Sequence[float]) -> list[dict]:
     """Summaries per (temperature, method), temperature-major so each temperature's
-    methods sit together; combinations without rows are left out."""
+    methods sit together; combinations without rows are left out. Each carries its paired
+    speed against vLLM plain and against stock draft-model SD."""
+    rows = list(rows)
     groups: dict[tuple[float, str], list[dict]] = defaultdict(list)
     for r in rows:
         groups[(float(r["temperature"]), r["method"])].append(r)
-    return [{"method": m, "temperature": float(t), **summarise(groups[(float(t), m)])}
+    return [{"method": m, "temperature": float(t), **summarise(groups[(float(t), m)]),
+             "vs_plain": paired_ratio(rows, m, PLAIN, t), "vs_sd": paired_ratio(rows, m, SD_DRAFT, t)}
             for t in temps for m in labels if groups.get((float(t), m))]
 
 
-COLUMNS = ("method", "temp", "prompts", "tok/s", "acceptance length", "accept by position",
-           "D/token", "max D", "pass@1 [95% CI]", "loaded")
+COLUMNS = ("method", "temp", "prompts", "tok/s", "vs plain", "vs SD draft", "acceptance length",
+           "accept by position", "D/token", "max D", "pass@1 [95% CI]", "loaded")
 
 
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
 
 
 def format_row(s: dict) -> str:
@@ -173,7 +195,7 @@ def format_row(s: dict) -> str:
     passed = "-" if p is None else \
         f"{p['rate']:.2f} [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}] ({p['passed']}/{p['n']})"
     cells = (s["method"], f"{s['temperature']:g}", str(s["prompts"]), _num(s["tok_s"], 2),
-             _num(s["tau"], 2), pos, _num(s["d_per_token"], 3), _num(s["d_max"], 2), passed,
+             _ratio(s.get("vs_plain")), _ratio(s.get("vs_sd")), _num(s["tau"], 2), pos, _num(s["d_per_token"], 3), _num(s["d_max"], 2), passed,
              str(s["loaded"]))
     return "| " + " | ".join(cells) + " |"
 
@@ -189,6 +211,7 @@ def render_report(header: Sequence[str], sections: Sequence[tuple[str, list[dict
     for title, summaries in sections:
         lines += ["", f"## {title}", "", *render_table(summaries)]
     lines += ["", "tok/s: visible generated tokens over wall time, pooled over the prompts. "
+              "vs plain / vs SD draft: median over prompts of each prompt's own tok/s ratio. "
               "Acceptance length: tokens per verification step that had drafts. Accept by "
               "position: share of steps reaching draft position i that accepted it (- = none "
               "reached it). D: the plugin's deviation bound. pass@1: HumanEval rows only, 95% "

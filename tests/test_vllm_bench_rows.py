@@ -71,7 +71,7 @@ def test_plain_rows_have_no_acceptance_and_spec_bench_no_pass_at_1() -> None:
     assert (s["tau"], s["per_position"], s["d_per_token"], s["d_max"]) == (1.0, None, 0.0, 0.0)
     assert s["pass_at_1"] is None
     line = vb.format_row({"method": "vLLM plain", "temperature": 0.8, **s})
-    assert line == "| vLLM plain | 0.8 | 1 | 2.00 | 1.00 | - | 0.000 | 0.00 | - | 0 |"
+    assert line == "| vLLM plain | 0.8 | 1 | 2.00 | - | - | 1.00 | - | 0.000 | 0.00 | - | 0 |"
 
 
 def test_summary_table_groups_by_temperature_then_method() -> None:
@@ -85,6 +85,20 @@ def test_summary_table_groups_by_temperature_then_method() -> None:
     assert table[2]["pass_at_1"]["rate"] == 0.0
 
 
+def test_speeds_are_paired_per_prompt_and_temperature() -> None:
+    # tok/s = tokens / wall: plain 1, 2, 4 on prompts a, b, c; NSD 2, 3, 12 (ratios 2, 1.5, 3).
+    rows = [row(u, vb.PLAIN, 0.0, n, 1.0) for u, n in (("a", 1), ("b", 2), ("c", 4))]
+    rows += [row(u, "NSD", 0.0, n, 1.0) for u, n in (("a", 2), ("b", 3), ("c", 12))]
+    rows += [row("a", vb.SD_DRAFT, 0.0, 4, 1.0), row("a", "NSD", 0.8, 9, 1.0)]
+    assert vb.paired_ratio(rows, "NSD", vb.PLAIN, 0.0) == pytest.approx(2.0)  # ratio of medians: 3/2
+    assert vb.paired_ratio(rows, "NSD", vb.SD_DRAFT, 0.0) == pytest.approx(0.5)  # only prompt a pairs
+    assert math.isnan(vb.paired_ratio(rows, "NSD", vb.PLAIN, 0.8))  # no plain row at 0.8
+    table = {(s["method"], s["temperature"]): s for s in vb.summary_table(rows, [vb.PLAIN, "NSD"], [0.0, 0.8])}
+    assert table[("NSD", 0.0)]["vs_plain"] == pytest.approx(2.0)
+    assert table[(vb.PLAIN, 0.0)]["vs_plain"] == pytest.approx(1.0)
+    assert "| 2.00x | 0.50x |" in vb.format_row(table[("NSD", 0.0)])
+
+
 def test_markdown_table_with_pass_at_1_interval() -> None:
     rows = [row("humaneval:0", "vLLM+NSD θ0.9", 0.0, 10, 2.0, passed=True, flagged=True,
                 led=ledger(2, 10, 0.25, [2, 2, 1], [2, 1, 0]))]
@@ -92,9 +106,9 @@ def test_markdown_table_with_pass_at_1_interval() -> None:
     text = vb.render_report(["# title"], [("All prompts", table)])
     lines = text.splitlines()
     assert lines[0] == "# title" and "## All prompts" in lines
-    assert ("| method | temp | prompts | tok/s | acceptance length | accept by position | D/token | "
-            "max D | pass@1 [95% CI] | loaded |") in lines
-    assert "| vLLM+NSD θ0.9 | 0 | 1 | 5.00 | 5.00 | [1.00, 0.50, 0.00] | 0.025 | 0.25 | " \
+    assert ("| method | temp | prompts | tok/s | vs plain | vs SD draft | acceptance length | "
+            "accept by position | D/token | max D | pass@1 [95% CI] | loaded |") in lines
+    assert "| vLLM+NSD θ0.9 | 0 | 1 | 5.00 | - | - | 5.00 | [1.00, 0.50, 0.00] | 0.025 | 0.25 | " \
            "1.00 [0.21, 1.00] (1/1) | 1 |" in lines
     # A position no step reached shows "-".
     nan_row = {**table[0], "per_position": [1.0, math.nan]}
