@@ -29,7 +29,10 @@ import torch
 
 from nsd.ragged import RaggedVerifyResult
 
-logger = logging.getLogger("nsd.vllm")
+# A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
+# its processes, so these lines appear in the server's log beside vLLM's; a logger of our own
+# would have no handler there and Python would drop everything below WARNING.
+logger = logging.getLogger("vllm.nsd")
 _SUFFIX = re.compile(r"^(.*)-[0-9a-f]{8}$")
 
 

@@ -35,7 +35,10 @@ from nsd.integrations.vllm.config import NSDVllmConfig, check_vllm_version, conf
 from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
 
-logger = logging.getLogger("nsd.vllm")
+# A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
+# its processes, so these lines appear in the server's log beside vLLM's; a logger of our own
+# would have no handler there and Python would drop everything below WARNING.
+logger = logging.getLogger("vllm.nsd")
 
 
 class _Active:
