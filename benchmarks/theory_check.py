@@ -105,12 +105,22 @@ def exact_laws(engine: Engine, ids: list[int], sampling: SamplingConfig, theta: 
             "pruned_mass": max(ar.get(("other",), 0.0), nsd.get(("other",), 0.0))}
 
 
-def empirical(engine: Engine, ids: list[int], config: GenerationConfig, samples: int, n: int) -> Counter:
+def empirical(engine: Engine, ids: list[int], config: GenerationConfig, samples: int,
+              n: int) -> tuple[Counter, list[float]]:
+    """Counts of the first n tokens over seeded generations, and the D nsd reported for each."""
     out: Counter = Counter()
+    reported: list[float] = []
     for seed in range(samples):
         result = engine.generate(ids, dataclasses.replace(config, seed=seed))
         out[tuple(result.token_ids[:n])] += 1
-    return out
+        reported.append(result.stats.deviation)
+    return out, reported
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)
+    return mean, math.sqrt(var / len(values))
 
 
 def tv_counts_law(counts: Counter, law: dict) -> float:
@@ -165,8 +175,12 @@ def main() -> None:
     engine = Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
                     options=BackendOptions(threads=args.threads, weights="original"))
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+    # One token more than compared: the engine drafts at most remaining - 1 tokens, so with
+    # n + 1 to go every one of the first n positions is a drafted (verified) one, as the
+    # exact law assumes, and position n + 1 never is (a bonus or plain step, E = 0): the D
+    # nsd reports is then exactly E_1 + ... + E_n.
     base = GenerationConfig(theta=args.theta, k=k, temperature=args.temperature, top_p=args.top_p,
-                            max_new_tokens=args.tokens)
+                            max_new_tokens=args.tokens + 1)
     rows = []
     for prompt in PROMPTS:
         ids = engine.encode(prompt, chat=True)
@@ -174,9 +188,13 @@ def main() -> None:
         row = {"prompt": prompt, "exact_tv": exact["tv"], "exact_bound_mean_D": exact["bound"],
                "forwards": exact["forwards"], "pruned_mass": exact["pruned_mass"]}
         if args.samples:
-            ar = empirical(engine, ids, dataclasses.replace(base, method="ar"), args.samples, args.tokens)
-            nsd = empirical(engine, ids, dataclasses.replace(base, method="nsd"), args.samples, args.tokens)
+            ar, _ = empirical(engine, ids, dataclasses.replace(base, method="ar"), args.samples, args.tokens)
+            nsd, reported = empirical(engine, ids, dataclasses.replace(base, method="nsd"), args.samples,
+                                      args.tokens)
+            mean_d, se_d = mean_and_se(reported)
             row.update({
+                # nsd's own D, averaged over its generations: an estimate of the exact E[D].
+                "reported_mean_D": mean_d, "reported_mean_D_se": se_d,
                 "samples": args.samples,
                 "empirical_tv_nsd_vs_ar": tv_counts(nsd, ar), "bootstrap_se": bootstrap_se(nsd, ar),
                 "tv_ar_samples_vs_exact_ar": tv_counts_law(ar, exact["ar"]),
@@ -187,12 +205,14 @@ def main() -> None:
         print(json.dumps(row), file=sys.stderr)
     result = {"cpu": cpu_description(), "settings": vars(args) | {"k": k, "out": str(args.out)},
               "rows": rows, "command": " ".join(["python"] + sys.argv)}
-    lines = [f"| prompt | exact TV(NSD, AR) | exact E[D] (bound) | sampled TV ± SE | "
-             "χ² p (AR / NSD vs exact law) |", "|---|---|---|---|---|"]
+    lines = [f"| prompt | exact TV(NSD, AR) | exact E[D] (bound) | nsd's mean D ± SE | sampled TV ± SE | "
+             "χ² p (AR / NSD vs exact law) |", "|---|---|---|---|---|---|"]
     for r in rows:
         sampled = f"{r['empirical_tv_nsd_vs_ar']:.3f} ± {r['bootstrap_se']:.3f}" if "samples" in r else "-"
+        mean_d = f"{r['reported_mean_D']:.3f} ± {r['reported_mean_D_se']:.3f}" if "samples" in r else "-"
         chi = f"{r['chi2_p_ar']:.2f} / {r['chi2_p_nsd']:.2f}" if "samples" in r else "-"
-        lines.append(f"| {r['prompt']} | {r['exact_tv']:.4f} | {r['exact_bound_mean_D']:.4f} | {sampled} | {chi} |")
+        lines.append(f"| {r['prompt']} | {r['exact_tv']:.4f} | {r['exact_bound_mean_D']:.4f} | {mean_d} | "
+                     f"{sampled} | {chi} |")
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

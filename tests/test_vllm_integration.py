@@ -27,6 +27,6 @@ def test_vllm_suite_in_its_own_venv() -> None:
     assert probe.returncode == 0, f".venv-vllm exists but cannot import vllm + nsd:\n{probe.stderr[-3000:]}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     run = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-rs", "-s", str(ROOT / "tests" / "in_vllm")],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+                         capture_output=True, text=True, env=env, timeout=1500, cwd=ROOT)
     sys.stdout.write(run.stdout[-6000:])
     assert run.returncode == 0, f"vLLM tests failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
