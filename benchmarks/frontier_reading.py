@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from nsd.bench.methods import MethodSpec, expand_methods
-from nsd.bench.report import fidelity_table, summarize
+from nsd.bench.report import fidelity_table, summarize, summarize_by_category
 
 # The grid of run_frontier.sh (keep the two in step).
 METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
@@ -72,6 +72,29 @@ def reading(records: list[dict], summary: list[dict], execute: bool) -> list[str
     return out
 
 
+# Per category: τ of every speculative method, and D/token of the relaxed ones.
+CATEGORY_TAU = ("sd/draft", "nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.95/draft", "nsd-budget@B1/draft",
+                "typical/draft")
+CATEGORY_D = ("nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.95/draft", "nsd-budget@B1/draft", "typical/draft")
+
+
+def category_table(records: list[dict]) -> list[str]:
+    """Markdown lines: one row per category with τ and D/token per method (one prompt set
+    per category, so read differences between categories, not third decimals)."""
+    by_category = summarize_by_category(records, METHODS)
+    short = lambda label: label.removesuffix("/draft")  # noqa: E731
+    out = ["| category | prompts | " + " | ".join(f"τ {short(m)}" for m in CATEGORY_TAU) + " | "
+           + " | ".join(f"D/tok {short(m)}" for m in CATEGORY_D) + " |",
+           "|---" * (2 + len(CATEGORY_TAU) + len(CATEGORY_D)) + "|"]
+    for name, rows in sorted(by_category.items()):
+        row = {r["method"]: r for r in rows}
+        cells = [f"{row[m]['tau']:.2f}" if m in row else "-" for m in CATEGORY_TAU]
+        cells += [f"{row[m]['deviation_per_token']:.3f}" if m in row else "-" for m in CATEGORY_D]
+        prompts = max(r["prompts"] for r in rows)
+        out.append(f"| {name.split('/', 1)[-1]} | {prompts} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run_frontier.sh result folders")
@@ -94,6 +117,8 @@ def main() -> None:
         print(f"## {run.name} ({state})\n")
         print("\n".join(fidelity_table(summary)) + "\n")
         print("\n".join(reading(records, summary, execute)) + "\n")
+        if len({r.get("category") for r in records}) > 1:
+            print("\n".join(category_table(records)) + "\n")
 
 
 if __name__ == "__main__":
