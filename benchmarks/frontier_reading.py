@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, expand_methods
 from nsd.bench.report import fidelity_table, summarize, summarize_by_category
 
@@ -44,12 +44,10 @@ def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[li
 
 def paired_ratio(records: list[dict], method: str, reference: str) -> float:
     """Median over prompts of tok/s(method) / tok/s(reference)."""
-    rate = defaultdict(dict)
+    rates: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:
-        rate[r["prompt"]][r["method"]] = r["tokens_per_s"]
-    ratios = [rs[method] / rs[reference] for rs in rate.values()
-              if method in rs and reference in rs and rs[reference] > 0]
-    return statistics.median(ratios) if ratios else float("nan")
+        rates[r["prompt"]][r["method"]] = r["tokens_per_s"]
+    return metrics.paired_ratio(rates, method, reference)
 
 
 def _interval(values) -> str:

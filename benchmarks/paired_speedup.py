@@ -17,6 +17,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from nsd.bench import metrics
+
 
 def load(journal: Path) -> dict[str, dict[str, dict]]:
     """Records by prompt, then by method label."""
@@ -31,13 +33,10 @@ def load(journal: Path) -> dict[str, dict[str, dict]]:
 
 def paired_ratio(by_prompt: dict[str, dict[str, dict]], method: str) -> float:
     """Median over prompts of tok/s(method) / tok/s(AR), from wall times and token counts."""
-    ratios = []
-    for records in by_prompt.values():
-        if method in records and "ar" in records:
-            ours, ar = records[method]["stats"], records["ar"]["stats"]
-            if ours["wall_s"] > 0 and ar["new_tokens"] > 0:
-                ratios.append(ar["wall_s"] / ours["wall_s"] * ours["new_tokens"] / ar["new_tokens"])
-    return statistics.median(ratios) if ratios else float("nan")
+    rates = {prompt: {m: r["stats"]["new_tokens"] / r["stats"]["wall_s"]
+                      for m, r in records.items() if r["stats"]["wall_s"] > 0}
+             for prompt, records in by_prompt.items()}
+    return metrics.paired_ratio(rates, method, "ar")
 
 
 def decode_rate(stats: dict, first_token_in_prefill: bool) -> float | None:

@@ -49,6 +49,7 @@ from typing import Iterable, Sequence, TypeVar
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
 from nsd.bench.metrics import acceptance_by_position, median, wilson_interval
+from nsd.bench.metrics import paired_ratio as metrics_paired_ratio
 from nsd.bench.store import JOURNAL, SETTINGS, Journal, write_json_atomic, write_text_atomic  # noqa: F401 (SETTINGS: tests)
 from nsd.errors import NSDError
 
@@ -151,15 +152,12 @@ def summarise(rows: Sequence[dict]) -> dict:
 
 
 def paired_ratio(rows: Iterable[dict], method: str, reference: str, temperature: float) -> float:
-    """Median over prompts of tok/s(method) / tok/s(reference) at one temperature: each
-    prompt against itself, so prompt length and prefill cancel."""
-    rate: dict[str, dict[str, float]] = defaultdict(dict)
+    """Median over prompts of tok/s(method) / tok/s(reference) at one temperature."""
+    rates: dict[str, dict[str, float]] = defaultdict(dict)
     for r in rows:
         if float(r["temperature"]) == float(temperature) and r["wall"] > 0:
-            rate[r["prompt"]][r["method"]] = r["tokens"] / r["wall"]
-    ratios = [v[method] / v[reference] for v in rate.values()
-              if method in v and v.get(reference, 0) > 0]
-    return median(ratios) if ratios else math.nan
+            rates[r["prompt"]][r["method"]] = r["tokens"] / r["wall"]
+    return metrics_paired_ratio(rates, method, reference)
 
 
 def summary_table(rows: Iterable[dict], labels: Sequence[str], temps: Sequence[float]) -> list[dict]:
@@ -195,8 +193,8 @@ def format_row(s: dict) -> str:
     passed = "-" if p is None else \
         f"{p['rate']:.2f} [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}] ({p['passed']}/{p['n']})"
     cells = (s["method"], f"{s['temperature']:g}", str(s["prompts"]), _num(s["tok_s"], 2),
-             _ratio(s.get("vs_plain")), _ratio(s.get("vs_sd")), _num(s["tau"], 2), pos, _num(s["d_per_token"], 3), _num(s["d_max"], 2), passed,
-             str(s["loaded"]))
+             _ratio(s.get("vs_plain")), _ratio(s.get("vs_sd")), _num(s["tau"], 2), pos,
+             _num(s["d_per_token"], 3), _num(s["d_max"], 2), passed, str(s["loaded"]))
     return "| " + " | ".join(cells) + " |"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -42,6 +42,13 @@ def speedup(rates: Sequence[float], baseline_rates: Sequence[float]) -> float:
     if math.isnan(base) or math.isnan(ours) or base <= 0:
         return math.nan
     return ours / base
+
+
+def paired_ratio(rates: Mapping[str, Mapping[str, float]], method: str, reference: str) -> float:
+    """Median over prompts of rate(method) / rate(reference), from ``rates[prompt][method]``:
+    each prompt against itself, so its length and prefill cancel."""
+    return median(r[method] / r[reference] for r in rates.values()
+                  if method in r and r.get(reference, 0) > 0)
 
 
 def acceptance_by_position(attempts: Iterable[Sequence[int]], accepts: Iterable[Sequence[int]]
