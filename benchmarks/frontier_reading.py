@@ -20,6 +20,7 @@ from pathlib import Path
 from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, expand_methods
 from nsd.bench.report import fidelity_table, summarize, summarize_by_category
+from nsd.bench.store import read_journal
 
 # The grid of run_frontier.sh (keep the two in step).
 METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
@@ -29,14 +30,8 @@ METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7
 def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[list[dict], int]:
     """Records of the prompts that every method has finished, and how many prompts that is."""
     by_prompt: dict[str, dict[str, dict]] = defaultdict(dict)
-    with open(journal, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:  # a torn last line of a run cut short
-                    continue
-                by_prompt[r["prompt"]][r["method"]] = r
+    for (prompt, method), r in read_journal(journal)[0].items():
+        by_prompt[prompt][method] = r
     labels = [m.label for m in methods]
     done = [p for p, rs in by_prompt.items() if all(label in rs for label in labels)]
     return [by_prompt[p][label] for p in done for label in labels], len(done)

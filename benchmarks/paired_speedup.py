@@ -12,22 +12,19 @@ estimate, since it cancels each prompt's length and prefill.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from nsd.bench import metrics
+from nsd.bench.store import read_journal
 
 
 def load(journal: Path) -> dict[str, dict[str, dict]]:
     """Records by prompt, then by method label."""
     by_prompt: dict[str, dict[str, dict]] = defaultdict(dict)
-    with open(journal, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                record = json.loads(line)
-                by_prompt[record["prompt"]][record["method"]] = record
+    for (prompt, method), record in read_journal(journal)[0].items():
+        by_prompt[prompt][method] = record
     return by_prompt
 
 

@@ -18,7 +18,7 @@ from nsd.bench.methods import expand_methods
 from nsd.bench.plots import write_plots
 from nsd.bench.report import weights_used, write_report
 from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
-from nsd.bench.store import Journal, jsonable, write_json_atomic
+from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
 from nsd.errors import NSDError
 from nsd.proposers.ngram import NgramConfig
@@ -297,3 +297,27 @@ def test_rerun_loaded_drops_whole_prompts(tmp_path: Path) -> None:
     assert set(journal.records) == {("p2", "ar"), ("p2", "sd/draft")}
     reread = Journal(tmp_path, SETTINGS)  # the journal on disk says the same
     assert set(reread.records) == {("p2", "ar"), ("p2", "sd/draft")}
+
+
+def test_read_journal_is_read_only_and_strict_in_the_middle(tmp_path: Path) -> None:
+    good = [{"prompt": "toy:0", "method": "ar", "x": 1}, {"prompt": "toy:0", "method": "sd", "x": 2}]
+    path = tmp_path / "journal.jsonl"
+    live = "".join(json.dumps(r) + "\n" for r in good) + '{"prompt": "toy:1", "me'
+    path.write_text(live)
+    records, torn = read_journal(path)
+    assert torn and list(records) == [("toy:0", "ar"), ("toy:0", "sd")]
+    assert path.read_text() == live  # a run may still be appending: never rewritten here
+    path.write_text(json.dumps(good[0]) + "\nnot json\n" + json.dumps(good[1]) + "\n")
+    with pytest.raises(NSDError, match=r"journal.jsonl:2 is corrupt"):
+        read_journal(path)
+    assert read_journal(tmp_path / "missing.jsonl") == ({}, False)
+
+
+def test_torn_last_line_ending_in_newline_is_dropped_on_resume(tmp_path: Path) -> None:
+    config = RunConfig(methods=METHODS[:1], generation=GenerationConfig(max_new_tokens=4, k=4), warmup=False)
+    BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
+    with open(tmp_path / "journal.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"prompt": "toy:1"\n')  # torn, yet newline-terminated (e.g. a bad copy)
+    BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    # Had the torn line stayed, it would now be a corrupt middle line and block every resume.
+    assert len(Journal(tmp_path, SETTINGS)) == len(PROMPTS)

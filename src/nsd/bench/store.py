@@ -63,6 +63,30 @@ def record_key(record: dict) -> tuple[str, str]:
     return record["prompt"], record["method"]
 
 
+def read_journal(path: Path, key: Callable[[dict], tuple] = record_key
+                 ) -> tuple[dict[tuple, dict], bool]:
+    """The records of a journal by ``key(record)`` (a later line for the same key wins),
+    and whether its last line was torn (the write in flight when a run was killed; it is
+    left out). Read-only, so it is safe on a journal a live run is appending to; a corrupt
+    line anywhere else is an error, not something to skip silently."""
+    path = Path(path)
+    if not path.is_file():
+        return {}, False
+    records: dict[tuple, dict] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            records[key(record)] = record
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if number == len(lines):
+                return records, True
+            raise NSDError(f"{path}:{number} is corrupt; pass --overwrite to start over")
+    return records, False
+
+
 class Journal:
     """Finished records of one output folder, keyed by ``key(record)``: by default
     (prompt uid, method label); another benchmark may key by more fields."""
@@ -97,22 +121,11 @@ class Journal:
         self.records: dict[tuple, dict] = self._read()
 
     def _read(self) -> dict[tuple, dict]:
-        if not self.path.is_file():
-            return {}
-        records: dict[tuple, dict] = {}
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                records[self.key(record)] = record
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                if number == len(lines):  # the write in flight when a run was killed
-                    print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
-                    continue
-                raise NSDError(f"{self.path}:{number} is corrupt; pass --overwrite to start over")
-        if lines and not self.path.read_bytes().endswith(b"\n"):
+        records, torn = read_journal(self.path, self.key)
+        if torn:
+            print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
+        if torn or (self.path.is_file() and self.path.stat().st_size
+                    and not self.path.read_bytes().endswith(b"\n")):
             self._rewrite(records)  # drop the partial line so appends start on a fresh one
         return records
 
