@@ -185,7 +185,7 @@ def measure_model(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_hf:
         try:
             from nsd.backends.hf import HFBackend
-            from nsd.models import ensure_hf_folder
+            from nsd.hf_convert import ensure_hf_folder
         except ImportError:
             print("(transformers backend not available; skipped)")
         else:

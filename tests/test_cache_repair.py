@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gguf_files import write_tiny_gguf
-from nsd import markers, models
+from nsd import hf_convert, markers, models
 from nsd.errors import NSDError
 from test_models import PAYLOAD, _write_wheel, cache, wheels  # noqa: F401 (fixtures)
 
@@ -218,11 +218,11 @@ HF_FILES = {**TOKENIZER_FILES, "config.json": '{"model_type": "llama"}'}
 
 def test_tokenizer_folder_with_missing_file_is_rebuilt(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("NSD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_save_tokenizer", _fake_save(TOKENIZER_FILES))
+    monkeypatch.setattr(hf_convert, "_save_tokenizer", _fake_save(TOKENIZER_FILES))
     gguf = write_tiny_gguf(tmp_path / "m.gguf")
-    folder = models.ensure_tokenizer_folder(gguf, progress=False)
+    folder = hf_convert.ensure_tokenizer_folder(gguf, progress=False)
     (folder / "tokenizer.json").unlink()
-    assert models.ensure_tokenizer_folder(gguf, progress=False) == folder
+    assert hf_convert.ensure_tokenizer_folder(gguf, progress=False) == folder
     assert (folder / "tokenizer.json").is_file()
     assert "tokenizer.json is missing); rebuilding it" in capsys.readouterr().err
 
@@ -237,14 +237,14 @@ def test_interrupted_conversion_leaves_nothing_and_next_run_converts(tmp_path: P
         (out / "model.safetensors").write_bytes(b"half of the weights")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_save_full", killed)
+    monkeypatch.setattr(hf_convert, "_save_full", killed)
     with pytest.raises(KeyboardInterrupt):
-        models.ensure_hf_folder(gguf, progress=False)
+        hf_convert.ensure_hf_folder(gguf, progress=False)
     assert [p for p in cache_root.rglob("*") if p.is_file()] == []
-    monkeypatch.setattr(models, "_save_full", _fake_save(HF_FILES))
-    folder = models.ensure_hf_folder(gguf, progress=False)
+    monkeypatch.setattr(hf_convert, "_save_full", _fake_save(HF_FILES))
+    folder = hf_convert.ensure_hf_folder(gguf, progress=False)
     assert markers.check_marker(folder) is None and not _leftover_temps(cache_root)
-    assert models.ensure_tokenizer_folder(gguf, progress=False) == folder  # reuses the full one
+    assert hf_convert.ensure_tokenizer_folder(gguf, progress=False) == folder  # reuses the full one
 
 
 def test_conversion_error_names_the_file(tmp_path: Path, monkeypatch) -> None:
@@ -252,14 +252,14 @@ def test_conversion_error_names_the_file(tmp_path: Path, monkeypatch) -> None:
     gguf = write_tiny_gguf(tmp_path / "m.gguf")
 
     def broken(gguf_path: Path, out: Path) -> None:
-        raise models._convert_error(gguf_path, KeyError("blk.0.attn_q.weight"))
+        raise hf_convert._convert_error(gguf_path, KeyError("blk.0.attn_q.weight"))
 
-    monkeypatch.setattr(models, "_save_tokenizer", broken)
+    monkeypatch.setattr(hf_convert, "_save_tokenizer", broken)
     with pytest.raises(NSDError, match=r"transformers cannot convert .*m.gguf: a field it needs "
                                        r"is missing \('blk.0.attn_q.weight'\)"):
-        models.ensure_tokenizer_folder(gguf, progress=False)
+        hf_convert.ensure_tokenizer_folder(gguf, progress=False)
     with pytest.raises(NSDError, match="no tokenizer"):
-        models.ensure_hf_folder(write_tiny_gguf(tmp_path / "bare.gguf", tokenizer=False), progress=False)
+        hf_convert.ensure_hf_folder(write_tiny_gguf(tmp_path / "bare.gguf", tokenizer=False), progress=False)
     assert _leftover_temps(tmp_path) == []
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gguf_files import write_tiny_gguf
-from nsd import models
+from nsd import hf_convert, models
 from nsd.errors import NSDError
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 300, b"tail"]
@@ -225,8 +225,8 @@ def test_resolve_local_paths(tmp_path: Path, cache: Path, wheels: Path) -> None:
     (hf / "tokenizer.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # empty, but whole
     assert models.resolve_model(str(hf)) == models.ResolvedModel("my-hf-model", None, hf)
-    assert models.ensure_hf_folder(hf) == hf
-    assert models.ensure_tokenizer_folder(str(hf)) == hf
+    assert hf_convert.ensure_hf_folder(hf) == hf
+    assert hf_convert.ensure_tokenizer_folder(str(hf)) == hf
 
     registry = models.resolve_model("fake-model", progress=False)
     assert registry.gguf_path is not None and registry.gguf_path.read_bytes() == PAYLOAD
@@ -238,7 +238,7 @@ def test_resolve_local_paths(tmp_path: Path, cache: Path, wheels: Path) -> None:
     with pytest.raises(NSDError, match="neither a .gguf file nor a Hugging Face"):
         models.resolve_model(str(tmp_path))
     with pytest.raises(NSDError, match="not a .gguf file"):
-        models.ensure_hf_folder(other)
+        hf_convert.ensure_hf_folder(other)
 
 
 @pytest.mark.real_models
@@ -252,7 +252,7 @@ def test_real_smollm2_fetch_and_convert() -> None:
     except NSDError as exc:
         pytest.skip(f"cannot fetch {name}: {exc}")
     assert path.stat().st_size > 50 << 20
-    hf = models.ensure_hf_folder(name, progress=False)
+    hf = hf_convert.ensure_hf_folder(name, progress=False)
     assert (hf / "config.json").is_file() and any(hf.glob("*.safetensors"))
-    tok = models.ensure_tokenizer_folder(name, progress=False)
+    tok = hf_convert.ensure_tokenizer_folder(name, progress=False)
     assert tok == hf

@@ -19,7 +19,8 @@ from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.draft_vocab import VocabMap, ensure_reduced_draft
 from nsd.errors import NSDError
-from nsd.models import ensure_hf_folder, ensure_tokenizer_folder, resolve_model
+from nsd.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
+from nsd.models import resolve_model
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
