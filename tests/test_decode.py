@@ -122,6 +122,59 @@ def test_sequence_level_distribution_exact_and_nsd_bound() -> None:
     assert tv <= mean_dev + 2 * noise, (tv, mean_dev, noise)
 
 
+def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> list[float]:
+    """The sampling law written out independently of nsd.sampling, in float64: top-k on the
+    logits, then temperature, then the smallest most-probable set reaching top-p."""
+    logits = logits.double()
+    order = sorted(range(len(logits)), key=lambda i: -float(logits[i]))
+    kept = order[:top_k] if top_k else order
+    weights = {i: math.exp(float(logits[i]) / temperature) for i in kept}
+    total = sum(weights.values())
+    nucleus, mass = [], 0.0
+    for i in kept:
+        if mass >= top_p:
+            break
+        nucleus.append(i)
+        mass += weights[i] / total
+    z = sum(weights[i] for i in nucleus)
+    return [weights[i] / z if i in nucleus else 0.0 for i in range(len(logits))]
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_sequence_law_with_temperature_top_k_and_top_p(speculative: bool) -> None:
+    # The loop's law when every filter is on (the frontier's sampled runs use 0.8 / 0.95):
+    # AR and exact SD must both sample the target's filtered sequence law, which the
+    # reference above computes without nsd's own transform.
+    v, length, n = 6, 3, 3000
+    sampling = SamplingConfig(temperature=0.8, top_k=5, top_p=0.8)
+    target = MockLM(vocab_size=v, seed=20, sharpness=1.2)
+    draft = MockLM(vocab_size=v, seed=21, sharpness=1.2)
+    exact: dict[tuple, float] = {}
+    for seq in itertools.product(range(v), repeat=length):
+        ctx, pr = [1, 2], 1.0
+        for tok in seq:
+            pr *= _reference_probs(target.logits_after(ctx), 0.8, 5, 0.8)[tok]
+            ctx.append(tok)
+        if pr > 0:
+            exact[seq] = pr
+    counts: dict[tuple, int] = {}
+    for seed in range(n):
+        config = DecodeConfig(speculative=speculative, sampling=sampling, k=2, max_new_tokens=length, seed=seed)
+        proposer = DraftModelProposer(draft, sampling) if speculative else None
+        tokens, _ = _run(target, config, proposer, prompt=(1, 2))
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    assert set(counts) <= set(exact)  # nothing outside the filtered support, ever
+    # Pearson chi-square over cells expected >= 5, the rest pooled into one cell.
+    big = [s for s, p in exact.items() if n * p >= 5]
+    observed = [counts.get(s, 0) for s in big] + [n - sum(counts.get(s, 0) for s in big)]
+    expected = [n * exact[s] for s in big] + [n * (1 - sum(exact[s] for s in big))]
+    cells = [(o, e) for o, e in zip(observed, expected) if e > 0]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert dof >= 10, dof  # the law has room to be wrong
+    assert chi2 < dof + 5 * math.sqrt(2 * dof), (chi2, dof)
+
+
 def test_eos_and_stop_check_and_length() -> None:
     target = MockLM(seed=12)
     tokens, _ = _run(target, DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=30))
