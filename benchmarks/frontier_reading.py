@@ -57,8 +57,9 @@ def reading(records: list[dict], summary: list[dict], execute: bool) -> list[str
     for r in summary:
         if r["family"] in ("ar", "sd"):
             continue
-        quality = (f"pass@1 change vs AR {_interval(r['pass_at_1_change'])}" if execute else
-                   f"log-likelihood change vs AR {_interval(r['loglik_change'])} per token")
+        quality = f"log-likelihood change vs AR {_interval(r['loglik_change'])} per token"
+        if execute:  # the task's own measure first; the text's likelihood as well
+            quality = f"pass@1 {r['pass_at_1']:.3f}, change vs AR {_interval(r['pass_at_1_change'])}; {quality}"
         out.append(f"- **{r['method']}**: {paired_ratio(records, r['method'], 'sd/draft'):.2f}× SD's "
                    f"speed and {paired_ratio(records, r['method'], 'ar'):.2f}× AR's (paired medians), "
                    f"τ {r['tau']:.2f}, D/token {r['deviation_per_token']:.3f}, {quality}.")

@@ -48,5 +48,5 @@ def test_partial_journal_keeps_complete_prompts_and_pairs_ratios(tmp_path: Path)
     assert fr.paired_ratio(records, "nsd@0.9/draft", "ar") == pytest.approx(0.6)
     lines = fr.reading(records, summarize(records, METHODS), execute=True)
     assert len(lines) == 1 and lines[0].startswith("- **nsd@0.9/draft**: 1.50× SD's speed and 0.60× AR's")
-    # pass@1 changes vs AR on the same prompts: -1, 0, 0 -> mean -1/3.
-    assert "pass@1 change vs AR -0.333" in lines[0]
+    # pass@1 2 of 3; changes vs AR on the same prompts: -1, 0, 0 -> mean -1/3.
+    assert "pass@1 0.667, change vs AR -0.333" in lines[0] and "log-likelihood change vs AR" in lines[0]
