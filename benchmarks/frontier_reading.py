@@ -21,6 +21,7 @@ from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, expand_methods
 from nsd.bench.report import fidelity_table, summarize, summarize_by_category
 from nsd.bench.store import read_journal
+from nsd.errors import NSDError
 
 # The grid of run_frontier.sh (keep the two in step).
 METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
@@ -99,7 +100,10 @@ def main() -> None:
             records = json.loads(results.read_text())["records"]
             state = f"{len({r['prompt'] for r in records})} prompts, complete"
         elif (run / "journal.jsonl").exists():
-            records, n = complete_records(run / "journal.jsonl", METHODS)
+            try:
+                records, n = complete_records(run / "journal.jsonl", METHODS)
+            except NSDError as exc:
+                raise SystemExit(f"frontier_reading: {exc}") from None
             state = f"in progress: the {n} prompts every method has finished"
         else:
             raise SystemExit(f"{run}: no results.json or journal.jsonl")

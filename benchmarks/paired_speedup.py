@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nsd.bench import metrics
 from nsd.bench.store import read_journal
+from nsd.errors import NSDError
 
 
 def load(journal: Path) -> dict[str, dict[str, dict]]:
@@ -50,7 +51,10 @@ def main() -> None:
     ap.add_argument("journals", nargs="+", type=Path)
     args = ap.parse_args()
     for journal in args.journals:
-        by_prompt = load(journal)
+        try:
+            by_prompt = load(journal)
+        except NSDError as exc:
+            raise SystemExit(f"paired_speedup: {exc}") from None
         methods = list(dict.fromkeys(m for records in by_prompt.values() for m in records))
         print(f"\n{journal} ({len(by_prompt)} prompts): paired median tok/s ratio to AR")
         for method in methods:

@@ -313,6 +313,22 @@ def test_read_journal_is_read_only_and_strict_in_the_middle(tmp_path: Path) -> N
     assert read_journal(tmp_path / "missing.jsonl") == ({}, False)
 
 
+def test_read_journal_line_ends_and_torn_tails(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    odd = {"prompt": "toy:0", "method": "ar", "text": "a\u2028b\u0085c\u2029d"}  # not line ends here
+    whole = (json.dumps(odd, ensure_ascii=False) + "\n").encode()
+    path.write_bytes(whole)
+    assert read_journal(path) == ({("toy:0", "ar"): odd}, False)
+    # A write cut inside a multi-byte character, and a torn line followed by a blank one.
+    cut = json.dumps({"prompt": "toy:1", "method": "ar", "text": "é"}, ensure_ascii=False).encode()
+    for tail in (cut[:cut.index("é".encode()) + 1], b'{"prompt": "toy:1"\n\n'):
+        path.write_bytes(whole + tail)
+        assert read_journal(path) == ({("toy:0", "ar"): odd}, True)
+    path.write_bytes(whole + b'{"prompt": "toy:1"}\n')  # whole JSON, but no method: not torn
+    with pytest.raises(NSDError, match=r"journal.jsonl:2 is not a benchmark record \(KeyError"):
+        read_journal(path)
+
+
 def test_torn_last_line_ending_in_newline_is_dropped_on_resume(tmp_path: Path) -> None:
     config = RunConfig(methods=METHODS[:1], generation=GenerationConfig(max_new_tokens=4, k=4), warmup=False)
     BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])

@@ -72,18 +72,25 @@ def read_journal(path: Path, key: Callable[[dict], tuple] = record_key
     path = Path(path)
     if not path.is_file():
         return {}, False
+    # Split on b"\n" only: records are written with ensure_ascii=False, so a text may hold
+    # U+2028 or U+0085, which str.splitlines() would take for line ends. Decoding per line
+    # lets a write cut inside a multi-byte character count as torn, not crash the reader.
+    lines = [(number, raw) for number, raw in enumerate(path.read_bytes().split(b"\n"), 1)
+             if raw.strip()]
+    last = lines[-1][0] if lines else 0
     records: dict[tuple, dict] = {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, raw in lines:
         try:
-            record = json.loads(line)
-            records[key(record)] = record
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            if number == len(lines):
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if number == last:
                 return records, True
-            raise NSDError(f"{path}:{number} is corrupt; pass --overwrite to start over")
+            raise NSDError(f"{path}:{number} is corrupt") from None
+        try:
+            records[key(record)] = record
+        except (KeyError, TypeError, ValueError) as exc:  # whole JSON, but not a record
+            raise NSDError(f"{path}:{number} is not a benchmark record "
+                           f"({type(exc).__name__}: {exc})") from None
     return records, False
 
 
@@ -121,7 +128,10 @@ class Journal:
         self.records: dict[tuple, dict] = self._read()
 
     def _read(self) -> dict[tuple, dict]:
-        records, torn = read_journal(self.path, self.key)
+        try:
+            records, torn = read_journal(self.path, self.key)
+        except NSDError as exc:
+            raise NSDError(f"{exc}; pass --overwrite to start over") from None
         if torn:
             print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
         if torn or (self.path.is_file() and self.path.stat().st_size
