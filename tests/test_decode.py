@@ -122,13 +122,15 @@ def test_sequence_level_distribution_exact_and_nsd_bound() -> None:
     assert tv <= mean_dev + 2 * noise, (tv, mean_dev, noise)
 
 
-def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> list[float]:
+def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                     min_p: float) -> list[float]:
     """The sampling law written out independently of nsd.sampling, in float64: top-k on the
-    logits, then temperature, then the smallest most-probable set reaching top-p."""
-    logits = logits.double()
-    order = sorted(range(len(logits)), key=lambda i: -float(logits[i]))
-    kept = order[:top_k] if top_k else order
-    weights = {i: math.exp(float(logits[i]) / temperature) for i in kept}
+    logits (every token tied with the k-th kept), temperature, the smallest most-probable
+    set whose mass reaches top-p, then min-p relative to the most probable survivor."""
+    values = [float(x) for x in logits.double()]
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    kept = [i for i in order if values[i] >= values[order[top_k - 1]]] if top_k else order
+    weights = {i: math.exp(values[i] / temperature) for i in kept}
     total = sum(weights.values())
     nucleus, mass = [], 0.0
     for i in kept:
@@ -136,24 +138,29 @@ def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p
             break
         nucleus.append(i)
         mass += weights[i] / total
-    z = sum(weights[i] for i in nucleus)
-    return [weights[i] / z if i in nucleus else 0.0 for i in range(len(logits))]
+    floor = min_p * max(weights[i] for i in nucleus)
+    final = [i for i in nucleus if weights[i] >= floor]
+    z = sum(weights[i] for i in final)
+    return [weights[i] / z if i in final else 0.0 for i in range(len(values))]
 
 
 @pytest.mark.parametrize("speculative", [False, True])
-def test_sequence_law_with_temperature_top_k_and_top_p(speculative: bool) -> None:
+def test_sequence_law_with_temperature_top_k_top_p_and_min_p(speculative: bool) -> None:
     # The loop's law when every filter is on (the frontier's sampled runs use 0.8 / 0.95):
     # AR and exact SD must both sample the target's filtered sequence law, which the
     # reference above computes without nsd's own transform.
     v, length, n = 6, 3, 3000
-    sampling = SamplingConfig(temperature=0.8, top_k=5, top_p=0.8)
+    # Each filter binds here: dropping any one of them puts 3.5-5.5% of the mass outside this
+    # support, and temperature 0.7 instead of 0.8 moves the chi-square by about 800.
+    knobs = dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.2)
+    sampling = SamplingConfig(**knobs)
     target = MockLM(vocab_size=v, seed=20, sharpness=1.2)
     draft = MockLM(vocab_size=v, seed=21, sharpness=1.2)
     exact: dict[tuple, float] = {}
     for seq in itertools.product(range(v), repeat=length):
         ctx, pr = [1, 2], 1.0
         for tok in seq:
-            pr *= _reference_probs(target.logits_after(ctx), 0.8, 5, 0.8)[tok]
+            pr *= _reference_probs(target.logits_after(ctx), **knobs)[tok]
             ctx.append(tok)
         if pr > 0:
             exact[seq] = pr
@@ -164,11 +171,13 @@ def test_sequence_law_with_temperature_top_k_and_top_p(speculative: bool) -> Non
         tokens, _ = _run(target, config, proposer, prompt=(1, 2))
         counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
     assert set(counts) <= set(exact)  # nothing outside the filtered support, ever
-    # Pearson chi-square over cells expected >= 5, the rest pooled into one cell.
+    # Pearson chi-square over the sequences expected >= 5 times, the rest pooled into one
+    # cell (when there is a rest: a pooled cell of float leftovers would add a false dof).
     big = [s for s, p in exact.items() if n * p >= 5]
-    observed = [counts.get(s, 0) for s in big] + [n - sum(counts.get(s, 0) for s in big)]
-    expected = [n * exact[s] for s in big] + [n * (1 - sum(exact[s] for s in big))]
-    cells = [(o, e) for o, e in zip(observed, expected) if e > 0]
+    cells = [(counts.get(s, 0), n * exact[s]) for s in big]
+    rest = sum(p for s, p in exact.items() if n * p < 5)
+    if rest > 0:
+        cells.append((n - sum(o for o, _ in cells), n * rest))
     chi2 = sum((o - e) ** 2 / e for o, e in cells)
     dof = len(cells) - 1
     assert dof >= 10, dof  # the law has room to be wrong
