@@ -21,7 +21,6 @@ from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
 from nsd.errors import NSDError
-from nsd.proposers.ngram import NgramConfig
 
 VOCAB = 16
 
