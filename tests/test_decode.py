@@ -81,14 +81,18 @@ def test_nsd_greedy_accepts_more_and_reports_deviation() -> None:
     assert budget.deviation <= 2.0 and budget.relaxed_accepts <= 2
 
 
-def _exact_sequence_probs(target: MockLM, prompt: list[int], length: int, v: int) -> dict:
+def _exact_sequence_probs(target: MockLM, prompt: list[int], length: int, v: int,
+                          law=lambda logits: torch.softmax(logits, -1).tolist()) -> dict:
+    """Every sequence of ``length`` tokens with positive probability under ``law`` (logits
+    -> next-token probabilities; by default the plain softmax), and that probability."""
     probs = {}
     for seq in itertools.product(range(v), repeat=length):
         ctx, pr = list(prompt), 1.0
         for tok in seq:
-            pr *= torch.softmax(target.logits_after(ctx), -1)[tok].item()
+            pr *= law(target.logits_after(ctx))[tok]
             ctx.append(tok)
-        probs[seq] = pr
+        if pr > 0:
+            probs[seq] = pr
     return probs
 
 
@@ -156,14 +160,8 @@ def test_sequence_law_with_temperature_top_k_top_p_and_min_p(speculative: bool) 
     sampling = SamplingConfig(**knobs)
     target = MockLM(vocab_size=v, seed=20, sharpness=1.2)
     draft = MockLM(vocab_size=v, seed=21, sharpness=1.2)
-    exact: dict[tuple, float] = {}
-    for seq in itertools.product(range(v), repeat=length):
-        ctx, pr = [1, 2], 1.0
-        for tok in seq:
-            pr *= _reference_probs(target.logits_after(ctx), **knobs)[tok]
-            ctx.append(tok)
-        if pr > 0:
-            exact[seq] = pr
+    exact = _exact_sequence_probs(target, [1, 2], length, v,
+                                  lambda logits: _reference_probs(logits, **knobs))
     counts: dict[tuple, int] = {}
     for seed in range(n):
         config = DecodeConfig(speculative=speculative, sampling=sampling, k=2, max_new_tokens=length, seed=seed)

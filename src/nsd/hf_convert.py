@@ -122,12 +122,25 @@ def _save_full(gguf_path: Path, out: Path) -> None:
     _save_tokenizer(gguf_path, out)
 
 
-def _given_hf_dir(name_or_path: str | Path) -> Path | None:
-    """The argument itself when it is a Hugging Face folder (not a registry name)."""
+def _given_hf_dir(name_or_path: str | Path, *, weights: bool) -> Path | None:
+    """The argument itself when it is a Hugging Face folder (not a registry name), checked
+    for what the caller needs (``weights``: the model too, not only its tokenizer)."""
     if isinstance(name_or_path, str) and name_or_path in REGISTRY:
         return None
     path = Path(name_or_path).expanduser()
-    return path if is_hf_dir(path) else None
+    if not is_hf_dir(path):
+        return None
+    check_hf_folder(path, weights=weights)
+    return path
+
+
+def _convertible(gguf_path: Path, *, weights: bool) -> GGUFInfo:
+    """The GGUF's header, once it is known to carry a tokenizer and an architecture (and,
+    for ``weights``, quantizations) that transformers can convert."""
+    info = check_gguf(gguf_path)
+    require_tokenizer(info)
+    check_transformers_support(info, weights=weights)
+    return info
 
 
 def ensure_hf_folder(name_or_path: str | Path, *, progress: bool = True) -> Path:
@@ -137,17 +150,14 @@ def ensure_hf_folder(name_or_path: str | Path, *, progress: bool = True) -> Path
     is dequantized and converted once; later calls return the cached folder once its
     marker shows it is complete and unchanged.
     """
-    given = _given_hf_dir(name_or_path)
+    given = _given_hf_dir(name_or_path, weights=True)
     if given is not None:
-        check_hf_folder(given)
         return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
     target = home / "hf"
     if check_marker(target) is None:
         return target
-    info = check_gguf(gguf_path)
-    require_tokenizer(info)
-    check_transformers_support(info, weights=True)
+    info = _convertible(gguf_path, weights=True)
 
     def build(tmp: Path) -> None:
         check_free_space(home, _float32_size(info), f"the float32 conversion of {gguf_path.name}")
@@ -171,9 +181,8 @@ def ensure_tokenizer_folder(name_or_path: str | Path, *, progress: bool = True) 
     Reuses the full HF folder when it is complete; otherwise extracts only the tokenizer,
     which takes seconds rather than the minutes a full conversion does.
     """
-    given = _given_hf_dir(name_or_path)
+    given = _given_hf_dir(name_or_path, weights=False)
     if given is not None:
-        check_hf_folder(given, weights=False)
         return given
     gguf_path, home = _gguf_and_home(name_or_path, progress=progress)
     if check_marker(home / "hf") is None:
@@ -181,9 +190,7 @@ def ensure_tokenizer_folder(name_or_path: str | Path, *, progress: bool = True) 
     target = home / "tokenizer"
     if check_marker(target) is None:
         return target
-    info = check_gguf(gguf_path)
-    require_tokenizer(info)
-    check_transformers_support(info, weights=False)
+    _convertible(gguf_path, weights=False)
 
     def build(tmp: Path) -> None:
         if progress:
