@@ -115,21 +115,23 @@ def _frontier_rows(summary: Sequence[dict], key: str) -> list[dict]:
 
 
 def _errorbar_points(ax, rows: Sequence[dict], x_of, key: str, horizontal: bool) -> None:
-    """One labelled point per row; ``key`` holds (centre, low, high) drawn as an error bar."""
+    """One point per row; ``key`` holds (centre, low, high) drawn as an error bar. Methods
+    are named in a legend beside the axes, not next to their points: NSD settings often
+    land within a few hundredths of each other and labels on the points overprint."""
     for r in rows:
         centre, lo, hi = r[key]
         err = [[centre - lo], [hi - centre]] if _ok(lo) and _ok(hi) else None
         x, y = (centre, x_of(r)) if horizontal else (x_of(r), centre)
         ax.errorbar(x, y, xerr=err if horizontal else None, yerr=None if horizontal else err,
-                    fmt="o", capsize=3)
-        ax.annotate(r["method"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                    fmt="o", capsize=3, label=r["method"])
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1.0), loc="upper left")
 
 
 def plot_speedup_vs_pass_change(summary: Sequence[dict], path: Path) -> Path | None:
     rows = [r for r in _frontier_rows(summary, "pass_at_1_change") if _ok(r["speedup_vs_ar"])]
     if not rows:
         return None
-    with _figure(path, (7, 4.5)) as ax:
+    with _figure(path, (8.5, 4.5)) as ax:  # wide enough for the legend beside the axes
         _errorbar_points(ax, rows, lambda r: r["speedup_vs_ar"], "pass_at_1_change", horizontal=True)
         ax.axvline(0.0, color="grey", linewidth=0.8)
         ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -143,7 +145,7 @@ def plot_deviation_vs_loglik(summary: Sequence[dict], path: Path) -> Path | None
     rows = [r for r in _frontier_rows(summary, "loglik_change") if _ok(r["deviation_per_token"])]
     if not rows:
         return None
-    with _figure(path, (7, 4.5)) as ax:
+    with _figure(path, (8.5, 4.5)) as ax:  # wide enough for the legend beside the axes
         _errorbar_points(ax, rows, lambda r: r["deviation_per_token"], "loglik_change", horizontal=False)
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_xlabel("D per token (fidelity bound spent)")
