@@ -161,6 +161,8 @@ def plot_acceptance_by_position(summary: Sequence[dict], path: Path) -> Path | N
         for r in rows:
             values = r["acceptance_by_position"]
             ax.plot(range(1, len(values) + 1), values, marker="o", label=r["method"])
+        # Positions are whole numbers; matplotlib's default locator puts ticks at 1.5, 2.5.
+        ax.set_xticks(range(1, max(len(r["acceptance_by_position"]) for r in rows) + 1))
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted | reached)")
         ax.set_ylim(0.0, 1.02)
