@@ -46,7 +46,15 @@ def test_partial_journal_keeps_complete_prompts_and_pairs_ratios(tmp_path: Path)
     # Per-prompt nsd/sd ratios 1.2, 1.5, 1.5: median 1.5 (a ratio of medians would say 6/5 = 1.2).
     assert fr.paired_ratio(records, "nsd@0.9/draft", "sd/draft") == pytest.approx(1.5)
     assert fr.paired_ratio(records, "nsd@0.9/draft", "ar") == pytest.approx(0.6)
-    lines = fr.reading(records, summarize(records, METHODS), execute=True)
+    sd_line, *lines = fr.reading(records, summarize(records, METHODS), execute=True)
+    # Exact SD against AR: fails p3 only -> -1/3, (+0 / −1).
+    assert sd_line.startswith("- **sd/draft** (exact): pass@1 0.667, change vs AR -0.333")
+    assert "(+0 / −1 problems)" in sd_line
     assert len(lines) == 1 and lines[0].startswith("- **nsd@0.9/draft**: 1.50× SD's speed and 0.60× AR's")
     # pass@1 2 of 3; changes vs AR on the same prompts: -1, 0, 0 -> mean -1/3.
     assert "pass@1 0.667, change vs AR -0.333" in lines[0] and "log-likelihood change vs AR" in lines[0]
+    # Against SD (passes True, True, False): nsd fails p0, passes p3 -> changes -1, 0, +1.
+    assert "(+0 / −1 problems), vs SD +0.000" in lines[0] and "(+1 / −1)" in lines[0]
+    assert "identical to AR's 3, to SD's 3" in lines[0]  # the toy outputs are all [1] * 10
+    vs_sd = fr.against(records, "nsd@0.9/draft", "sd/draft")
+    assert (vs_sd["gains"], vs_sd["losses"]) == (1, 1) and vs_sd["change"][0] == pytest.approx(0.0)

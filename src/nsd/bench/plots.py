@@ -161,8 +161,11 @@ def plot_acceptance_by_position(summary: Sequence[dict], path: Path) -> Path | N
         for r in rows:
             values = r["acceptance_by_position"]
             ax.plot(range(1, len(values) + 1), values, marker="o", label=r["method"])
-        # Positions are whole numbers; matplotlib's default locator puts ticks at 1.5, 2.5.
-        ax.set_xticks(range(1, max(len(r["acceptance_by_position"]) for r in rows) + 1))
+        # Positions are whole numbers; the default locator puts ticks at 1.5, 2.5. An integer
+        # locator (not one tick per position) stays legible at a long draft length too.
+        from matplotlib.ticker import MaxNLocator  # matplotlib loads lazily, with the figure
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft position")
         ax.set_ylabel("P(accepted | reached)")
         ax.set_ylim(0.0, 1.02)
