@@ -40,6 +40,12 @@ def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[li
     return [by_prompt[p][label] for p in done for label in labels], len(done)
 
 
+def first_prompts(records: list[dict], n: int) -> list[dict]:
+    """Records of the first ``n`` prompts, in the order the run took them (the dataset's)."""
+    keep = set(list(dict.fromkeys(r["prompt"] for r in records))[:n])
+    return [r for r in records if r["prompt"] in keep]
+
+
 def paired_ratio(records: list[dict], method: str, reference: str) -> float:
     """Median over prompts of tok/s(method) / tok/s(reference)."""
     rates: dict[str, dict[str, float]] = defaultdict(dict)
@@ -121,7 +127,12 @@ def category_table(records: list[dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run_frontier.sh result folders")
+    ap.add_argument("--first", type=int, metavar="N",
+                    help="read only the first N prompts of each run (to set a run beside a "
+                         "shorter one on the same prompts)")
     args = ap.parse_args()
+    if args.first is not None and args.first < 1:
+        ap.error(f"--first must be at least 1, got {args.first}")
     for run in args.runs:
         results = run / "results.json"
         if results.exists():
@@ -135,6 +146,9 @@ def main() -> None:
             state = f"in progress: the {n} prompts every method has finished"
         else:
             raise SystemExit(f"{run}: no results.json or journal.jsonl")
+        if args.first is not None:
+            records = first_prompts(records, args.first)
+            state += f"; the first {len({r['prompt'] for r in records})} read"
         if not records:
             print(f"## {run.name} ({state})\n\nnothing to show yet\n")
             continue

@@ -58,3 +58,10 @@ def test_partial_journal_keeps_complete_prompts_and_pairs_ratios(tmp_path: Path)
     assert "identical to AR's 3, to SD's 3" in lines[0]  # the toy outputs are all [1] * 10
     vs_sd = fr.against(records, "nsd@0.9/draft", "sd/draft")
     assert (vs_sd["gains"], vs_sd["losses"]) == (1, 1) and vs_sd["change"][0] == pytest.approx(0.0)
+
+
+def test_first_prompts_keeps_the_run_order() -> None:
+    rows = [record(p, m, 10, True) for p in ("p2", "p0", "p1") for m in ("ar", "sd/draft")]
+    kept = fr.first_prompts(rows, 2)
+    assert [r["prompt"] for r in kept] == ["p2", "p2", "p0", "p0"]
+    assert fr.first_prompts(rows, 10) == rows
