@@ -184,16 +184,57 @@ def test_weight_buffers_are_reported() -> None:
     backend.close()
 
 
+# Bounds of the AMX-vs-plain comparison (see the test's docstring for the measurements).
+AMX_MAX_TV = 0.15
+AMX_MAX_TIE_GAP = 0.25
+
+
+def amx_disagreement(amx: torch.Tensor, plain: torch.Tensor) -> str | None:
+    """Why two paths' logits ``[n, V]`` differ by more than kernel rounding, or None.
+
+    Per position: the total variation between the two softmaxes is at most
+    ``AMX_MAX_TV``, and where the argmaxes differ the plain path ranks the AMX path's
+    argmax within ``AMX_MAX_TIE_GAP`` logits of its own (a near-tie, not a wrong answer).
+    """
+    p_amx, p_plain = torch.softmax(amx.double(), -1), torch.softmax(plain.double(), -1)
+    tv = 0.5 * (p_amx - p_plain).abs().sum(-1)
+    if not bool(torch.isfinite(amx).all()):
+        return "non-finite logits"
+    if float(tv.max()) > AMX_MAX_TV:
+        return f"softmax total variation up to {float(tv.max()):.3f} (bound {AMX_MAX_TV})"
+    rows = torch.arange(plain.shape[0])
+    gap = plain.double().max(-1).values - plain.double()[rows, amx.argmax(-1)]
+    if float(gap.max()) > AMX_MAX_TIE_GAP:
+        return f"argmax differs where the plain path's gap is {float(gap.max()):.3f} logits"
+    return None
+
+
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU reports no AMX (amx_tile and amx_int8): "
                     "scripts/install.sh builds llama.cpp without its AMX kernels here, so there "
                     "is no AMX path to test")
 def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
     """On an AMX CPU the install builds ggml's AMX kernels with the tile-config patch.
-    Their weights must land in AMX buffers, and the logits must match the same file
-    loaded without them (use_extra_bufts=False: ggml's plain CPU kernels). Both paths
-    quantize activations differently, so the tolerance is a logit difference of at most
-    1.0 and the same argmax at ≥ 15 of 16 positions (measured when the patch was made:
-    16/16)."""
+    Their weights must land in AMX buffers, and the logits must agree with the same file
+    loaded without them (``use_extra_bufts=False``: ggml's plain CPU kernels) up to the
+    rounding of two kernels that quantise activations differently.
+
+    The criterion separates rounding from breakage by the distributions, not by a raw
+    logit bound (the raw difference reached 1.10 on SmolLM2 while the softmaxes stayed
+    close). Measured on an Intel Sapphire Rapids (2 cores), 16 positions of these prompt
+    ids, total variation between the softmaxes per position:
+
+    - AMX vs plain, same file: at most 0.061 (SmolLM2 Q4_1), 0.057 (its Q4_0 copy), 0.065
+      (its Q8_0 copy), 0.032 (Qwen2.5-Coder-1.5B Q4_0); mean 0.036–0.040 on SmolLM2.
+    - quantisation, both on the plain path: the Q8_0 copy vs the Q4_1 file up to 0.097
+      (mean 0.055); the Q4_0 copy vs the Q4_1 file up to 0.61 (mean 0.35).
+    - breakage: zeroed logits vs plain, mean 0.86; random logits of the same spread, 0.98.
+
+    So the bound is 0.15: over twice the largest rounding seen, a quarter of what a
+    4-bit requantisation does, far below breakage. The argmaxes differed at 2 of 16
+    SmolLM2 positions, both near-ties (the plain path's two candidates 0.049 and 0.056
+    logits apart; the median top-1/top-2 gap is 0.3); a differing argmax is accepted
+    only where the plain path ranks the other token within 0.25 logits of its own.
+    """
     path = _model_path()
     amx = LlamaCppBackend(path, n_ctx=N_CTX, use_extra_bufts=True)
     plain = LlamaCppBackend(path, n_ctx=N_CTX, use_extra_bufts=False)
@@ -201,10 +242,14 @@ def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
     assert "AMX" not in plain.weight_buffers
     ids = PROMPT[:16]
     a, b = amx.forward(ids), plain.forward(ids)
-    assert float((a - b).abs().max()) <= 1.0
-    assert int((a.argmax(-1) == b.argmax(-1)).sum()) >= 15
     amx.close()
     plain.close()
+    assert amx_disagreement(a, b) is None, amx_disagreement(a, b)
+    # The criterion does catch a broken tile configuration: zeroed or garbage outputs.
+    assert amx_disagreement(torch.zeros_like(b), b) is not None
+    garbage = torch.randn(b.shape, generator=torch.Generator().manual_seed(0)) * b.std()
+    assert amx_disagreement(garbage, b) is not None
+    assert amx_disagreement(torch.full_like(b, float("nan")), b) is not None
 
 
 def test_llama_generate_peer_prefills_every_prompt_in_full(gguf: Path) -> None:

@@ -9,7 +9,9 @@ says so.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -94,11 +96,37 @@ def test_llama_backend_sd_agrees_with_ar_and_nsd_accepts_more(llama_engine: Engi
     assert nsd_tau > sd_tau
 
 
-def test_seeded_sampling_is_reproducible(llama_engine: Engine) -> None:
-    cfg = GenerationConfig(method="nsd", theta=0.9, temperature=0.8, top_p=0.95, seed=3, max_new_tokens=24)
-    a = llama_engine.generate(PROMPTS[0], cfg)
-    b = llama_engine.generate(PROMPTS[0], cfg)
-    assert a.token_ids == b.token_ids and a.stats.deviation == b.stats.deviation
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+
+
+def test_seeded_auto_k_generation_is_reproducible_under_load(llama_engine: Engine) -> None:
+    """A seeded `-k auto` generation gives the same tokens when repeated on the same engine
+    while two busy processes compete for the cores. Sampled (T = 0.8), so every random
+    draw must line up: the chosen k's decide how many uniforms each pass takes. Before the
+    policy stopped reading the clock, the load changed the k's and with them the text."""
+    cfg = GenerationConfig(method="nsd", theta=0.9, temperature=0.8, top_p=0.95, seed=3,
+                           max_new_tokens=32, k="auto")
+    quiet = llama_engine.generate(PROMPTS[0], cfg)
+    ctx = multiprocessing.get_context("spawn")
+    load = [ctx.Process(target=_spin, args=(120.0,), daemon=True) for _ in range(2)]
+    for proc in load:
+        proc.start()
+    try:
+        time.sleep(0.5)  # the spinners are running before the second generation starts
+        busy = llama_engine.generate(PROMPTS[0], cfg)
+    finally:
+        for proc in load:
+            proc.terminate()
+            proc.join()
+    assert busy.token_ids == quiet.token_ids
+    assert busy.stats.k_per_pass == quiet.stats.k_per_pass
+    assert busy.stats.deviation == quiet.stats.deviation
+    # The load was real: the busy run took longer per pass than the quiet one.
+    assert busy.stats.wall_s / busy.stats.target_passes > quiet.stats.wall_s / quiet.stats.target_passes
 
 
 def test_mismatched_vocabulary_is_refused_with_exit_2(capsys) -> None:

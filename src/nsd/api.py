@@ -247,8 +247,6 @@ class Engine:
         self.draft_model: LoadedModel | None = None
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
-        # Acceptance learnt per decoding setup, carried across generations (-k auto).
-        self._trackers: dict[tuple, AcceptanceTracker] = {}
         if proposer == "draft":
             self.draft_model = load_backend(draft, options, draft_vocab,
                                             weights=options.draft_weights or options.weights)
@@ -276,7 +274,6 @@ class Engine:
         engine.draft_model = LoadedModel(draft, None, None) if draft is not None else None
         engine.draft = draft
         engine.draft_vocab_map = None
-        engine._trackers = {}
         engine.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else engine._eos_ids()
         return engine
 
@@ -366,9 +363,11 @@ class Engine:
     def k_policy(self, config: DecodeConfig) -> CostModelK | None:
         """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
 
-        Costs: the target's measured ``c(1..k_max+1)`` and the draft's ``c(1)`` (n-gram
-        lookups start at 0 and are learnt). Acceptance is learnt online and carried over
-        between generations with the same proposer, rule and sampling settings.
+        Costs: the target's stored ``c(1..k_max+1)`` and the draft's ``c(1)`` (0 for n-gram
+        lookups). Acceptance is learnt online within the generation, starting from the
+        same prior every time, and the policy's draws are seeded from ``config.seed``: a
+        seeded generation is therefore reproducible, whatever ran before it on this engine
+        and however busy the machine is.
         """
         if not (config.speculative and config.auto_k):
             return None
@@ -376,9 +375,8 @@ class Engine:
         draft_cost = 0.0
         if self.proposer_kind == "draft":
             draft_cost = self.draft_model.step_costs(1)[0]
-        key = (self.proposer_kind, config.rule, config.sampling, config.k_max)
-        tracker = self._trackers.setdefault(key, AcceptanceTracker(config.k_max))
-        return CostModelK(StepCosts(target_costs, draft_cost), tracker, config.k_max)
+        return CostModelK(StepCosts(target_costs, draft_cost), AcceptanceTracker(config.k_max),
+                          config.k_max, seed=config.seed)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:

@@ -12,9 +12,14 @@ step (``k = 0``) yields one token for ``c_t(1)``. Before every block :class:`Cos
 picks the ``k`` with the highest ``E_k / cost_k``, so a speculative run falls back to
 plain decoding wherever no ``k`` pays.
 
-The costs start from a calibration (:mod:`nsd.calibrate`, measured once per machine, file
-and thread count) and are rescaled online from the observed pass times, so a machine that
-gets busier mid-run is followed. Acceptance is tracked online per position.
+The costs come from a calibration (:mod:`nsd.calibrate`, measured once per machine, file
+and thread count, and stored). Acceptance is tracked online per position, within one
+generation. The policy never reads the clock: its choices are a function of the stored
+calibration, the seed (its Thompson draws) and the acceptance seen so far in this
+generation. So a seeded generation is reproducible on the same machine however busy the
+machine is. (An earlier version rescaled the costs from live pass timings; under load
+that changed the chosen ``k`` and with it every random draw after, so ``--seed`` did not
+reproduce a sampled generation.)
 
 Every policy here answers two calls: ``next_k(remaining)`` before a block and
 ``observe(...)`` after it; the decoding loop knows nothing else about them.
@@ -119,22 +124,20 @@ def expected_tokens(alpha: Sequence[float], k: int) -> float:
 
 
 def best_k(costs: StepCosts, alpha: Sequence[float], k_max: int, overhead_s: float = 0.0,
-           target_scale: float = 1.0, draft_cost: float | None = None,
            k_min: int = 0, surcharge_per_token: float = 0.0) -> tuple[int, float, float]:
     """The ``k`` in ``[k_min, k_max]`` maximising expected tokens per second.
 
     ``surcharge_per_token`` is added per expected token of a drafted block (the draft's
     catch-up, amortised). Returns ``(k, expected tokens, expected seconds)``.
     """
-    d = costs.draft if draft_cost is None else draft_cost
-    best = (0, 1.0, costs.target_cost(1) * target_scale)
+    best = (0, 1.0, costs.target_cost(1))
     best_rate = -1.0
     for k in range(k_min, k_max + 1):
         if k == 0:
-            tokens, seconds = 1.0, costs.target_cost(1) * target_scale
+            tokens, seconds = 1.0, costs.target_cost(1)
         else:
             tokens = expected_tokens(alpha, k)
-            seconds = (k * d + costs.target_cost(k + 1) * target_scale + overhead_s
+            seconds = (k * costs.draft + costs.target_cost(k + 1) + overhead_s
                        + surcharge_per_token * tokens)
         rate = tokens / seconds
         if rate > best_rate:
@@ -202,13 +205,15 @@ class AcceptanceTracker:
 class CostModelK:
     """``-k auto``: the ``k`` (0 included) that maximises expected tokens per second.
 
-    ``costs`` come from calibration; two online scale factors follow the machine as it is
-    now: observed target seconds over predicted, and observed draft seconds per drafted
-    token. Each choice is made on a draw from the acceptance posterior (Thompson
-    sampling, its own seeded generator), so an unlucky start does not lock speculation out. After ``probe_every`` plain steps in a row one block is drafted anyway, so a
-    text that becomes predictable again is noticed; each probe that does not win the
-    policy back doubles the wait (up to ``probe_max``), so probing costs little where
-    speculation never pays.
+    ``costs`` come from the stored calibration and stay fixed for the generation; the
+    reported time split (propose, target, overhead) is measured, but never fed back into
+    the choice, so the choices do not depend on how busy the machine is. Each choice is
+    made on a draw from the acceptance posterior (Thompson sampling, a generator seeded
+    from the generation's seed), so an unlucky start does not lock speculation out. After
+    ``probe_every`` plain steps in a row one block is drafted anyway, so a text that
+    becomes predictable again is noticed; each probe that does not win the policy back
+    doubles the wait (up to ``probe_max``), so probing costs little where speculation never
+    pays.
     """
 
     costs: StepCosts
@@ -216,10 +221,7 @@ class CostModelK:
     k_max: int
     probe_every: int = 16
     probe_max: int = 1024
-    smoothing: float = 0.2
-    target_scale: float = 1.0
-    draft_cost: float = -1.0  # per drafted token; < 0: start from costs.draft
-    overhead_s: float = 0.0
+    overhead_s: float = 0.0  # nsd's own work per speculative pass, if known
     chosen: list[int] = field(default_factory=list)
     predicted_tokens: float = 0.0
     predicted_s: float = 0.0
@@ -235,8 +237,6 @@ class CostModelK:
     def __post_init__(self) -> None:
         if self.k_max < 1:
             raise NSDError(f"k_max must be >= 1, got {self.k_max}")
-        if self.draft_cost < 0:
-            self.draft_cost = self.costs.draft
         self._probe_wait = self.probe_every
         self._rng = random.Random(self.seed)
 
@@ -247,11 +247,11 @@ class CostModelK:
         k_cap = max(0, min(self.k_max, remaining - 1))
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
-        surcharge = self._behind * self.catchup * self.draft_cost / max(remaining, 1)
+        surcharge = self._behind * self.catchup * self.costs.draft / max(remaining, 1)
 
         def pick(alpha: Sequence[float], k_min: int = 0) -> tuple[int, float, float]:
-            return best_k(self.costs, alpha, k_cap, self.overhead_s, self.target_scale,
-                          self.draft_cost, k_min=k_min, surcharge_per_token=surcharge)
+            return best_k(self.costs, alpha, k_cap, self.overhead_s, k_min=k_min,
+                          surcharge_per_token=surcharge)
 
         # Where even drafts that are always accepted cannot beat a plain step at today's
         # costs, decode plainly: the draw below then picks 0 as well, and no probe is made.
@@ -273,17 +273,12 @@ class CostModelK:
 
     def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
                 overhead_s: float) -> None:
-        s = self.smoothing
-        predicted_target = self.costs.target_cost(drafted + 1)
-        if target_s > 0:
-            self.target_scale += s * (target_s / predicted_target - self.target_scale)
+        # The timings are deliberately ignored (see the module docstring): only what was
+        # drafted and accepted moves the policy.
         # After a drafted block the draft lags by the token the target added; after a
         # plain step by one more.
-        lag, self._behind = self._behind, (1 if drafted > 0 else self._behind + 1)
+        self._behind = 1 if drafted > 0 else self._behind + 1
         if drafted > 0:
-            if lag <= 2:  # a block that also caught the draft up says little of a draft step
-                self.draft_cost += s * (propose_s / drafted - self.draft_cost)
-            self.overhead_s += s * (overhead_s - self.overhead_s)
             self.tracker.update(drafted, accepted)
 
     @property
