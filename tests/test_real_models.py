@@ -118,6 +118,9 @@ def test_seeded_auto_k_generation_is_reproducible_under_load(llama_engine: Engin
     try:
         time.sleep(0.5)  # the spinners are running before the second generation starts
         busy = llama_engine.generate(PROMPTS[0], cfg)
+        # The load was there all along (checked by presence, not by timing: the machine
+        # may be busy anyway, and no test may depend on it being idle).
+        assert all(proc.is_alive() for proc in load)
     finally:
         for proc in load:
             proc.terminate()
@@ -125,8 +128,6 @@ def test_seeded_auto_k_generation_is_reproducible_under_load(llama_engine: Engin
     assert busy.token_ids == quiet.token_ids
     assert busy.stats.k_per_pass == quiet.stats.k_per_pass
     assert busy.stats.deviation == quiet.stats.deviation
-    # The load was real: the busy run took longer per pass than the quiet one.
-    assert busy.stats.wall_s / busy.stats.target_passes > quiet.stats.wall_s / quiet.stats.target_passes
 
 
 def test_mismatched_vocabulary_is_refused_with_exit_2(capsys) -> None:

@@ -238,6 +238,10 @@ class CostModelK:
         if self.k_max < 1:
             raise NSDError(f"k_max must be >= 1, got {self.k_max}")
         self._probe_wait = self.probe_every
+        # The first block is a probe: a generation starts from the prior, and on a CPU where
+        # only confident acceptance pays, the prior alone would choose plain steps until
+        # the first scheduled probe (16 plain steps of a short answer).
+        self._plain_run = self._probe_wait
         self._rng = random.Random(self.seed)
 
     def begin(self, prompt_tokens: int) -> None:
