@@ -217,7 +217,7 @@ def test_one_hot_shortcut_matches_full_mask_path() -> None:
     target = _random_dist(gen, b * k).float().view(b, k, V)
     draft = torch.randint(0, V, (b, k), generator=gen)
     one_hot = torch.nn.functional.one_hot(draft, V).float()
-    for rule in (RuleConfig(kind="nucleus", theta=0.8), RuleConfig(kind="typical", epsilon=0.2)):
+    for rule in (RuleConfig(kind="nucleus", theta=0.8), RuleConfig(kind="typical", typical_epsilon=0.2)):
         a_set, a_exc = relaxed_set_stats(rule, target, target, draft, None)
         b_set, b_exc = relaxed_set_stats(rule, target, target, draft, one_hot)
         assert torch.equal(a_set, b_set)
@@ -243,7 +243,7 @@ def test_nucleus_threshold_definition_and_fallback() -> None:
 
 def test_typical_set() -> None:
     probs = torch.tensor([[0.7, 0.2, 0.09, 0.01]])
-    rule = RuleConfig(kind="typical", epsilon=0.3, typical_delta=0.09)
+    rule = RuleConfig(kind="typical", typical_epsilon=0.3, typical_delta=0.09)
     entropy = -(probs * probs.log()).sum()
     thr = min(0.3, 0.09 * math.exp(-entropy.item()))
     assert relaxed_set_mask(probs, rule).tolist() == [[p > thr for p in probs[0].tolist()]]

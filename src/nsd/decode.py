@@ -17,6 +17,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
+from nsd import options as optspec
 from nsd.backends.base import ModelBackend
 from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
@@ -40,7 +41,7 @@ class DecodeConfig:
     k: int = 4
     adaptive_k: bool = False
     auto_k: bool = False
-    k_max: int = 16
+    k_max: int = optspec.default("k_max")
     max_new_tokens: int = 128
     seed: int = 0
 

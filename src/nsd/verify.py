@@ -32,8 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
+from nsd import options
 from nsd.errors import NSDError
 from nsd.sampling import sample_from
+
+RULE_KINDS = ("exact", "nucleus", "typical")
+_RULE_OF_METHOD = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 
 # Nucleus threshold search looks at this many top tokens first; only rows whose top mass
 # falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
@@ -60,24 +64,23 @@ class RuleConfig:
 
     kind: str = "exact"
     theta: float = 0.0
-    budget: float = math.inf
-    cap: float = math.inf
-    smooth: bool = False
-    # Medusa's defaults: ε = posterior_threshold = 0.09, δ = posterior_alpha = 0.3.
-    epsilon: float = 0.09
-    typical_delta: float = 0.3
+    budget: float = options.default("budget")
+    cap: float = options.default("cap")
+    smooth: bool = options.default("smooth")
+    typical_epsilon: float = options.default("typical_epsilon")
+    typical_delta: float = options.default("typical_delta")
 
     def __post_init__(self) -> None:
-        if self.kind not in ("exact", "nucleus", "typical"):
+        if self.kind not in RULE_KINDS:
             raise NSDError(f"unknown verification rule {self.kind!r}; use exact, nucleus or typical")
-        if not (0.0 <= self.theta <= 1.0):
-            raise NSDError(f"theta must be in [0, 1], got {self.theta}")
-        if math.isnan(self.budget) or self.budget < 0:
-            raise NSDError(f"budget must be >= 0 (inf for none), got {self.budget}")
-        if math.isnan(self.cap) or self.cap < 0:
-            raise NSDError(f"per-position cap must be >= 0, got {self.cap}")
-        if not (self.epsilon > 0 and self.typical_delta > 0):
-            raise NSDError("typical acceptance needs epsilon > 0 and delta > 0")
+        options.check_fields(self, options.DECODING)  # ranges are defined once, there
+
+    @classmethod
+    def for_method(cls, method: str, **knobs: float | bool) -> RuleConfig:
+        """The rule a user-level method (``ar``, ``sd``, ``nsd``, ``typical``) verifies with;
+        the one place that maps methods to rules."""
+        options.check("method", method)
+        return cls(kind=_RULE_OF_METHOD[method], **knobs)
 
     @property
     def relaxes(self) -> bool:
@@ -174,7 +177,7 @@ def relaxed_set_mask(plaus_probs: torch.Tensor, rule: RuleConfig) -> torch.Tenso
         t = nucleus_threshold(plaus_probs, rule.theta).unsqueeze(-1)
         return (plaus_probs >= t) & (plaus_probs > 0)
     if rule.kind == "typical":
-        t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta).unsqueeze(-1)
+        t = typical_threshold(plaus_probs, rule.typical_epsilon, rule.typical_delta).unsqueeze(-1)
         return plaus_probs > t
     return torch.zeros_like(plaus_probs, dtype=torch.bool)
 
@@ -202,7 +205,7 @@ def relaxed_set_stats(
             p_hat_x = plaus_probs.gather(-1, tok).squeeze(-1)
             in_set = (p_hat_x >= t) & (p_hat_x > 0)
         else:
-            t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta)
+            t = typical_threshold(plaus_probs, rule.typical_epsilon, rule.typical_delta)
             in_set = plaus_probs.gather(-1, tok).squeeze(-1) > t
         p_x = target_probs.gather(-1, tok).squeeze(-1).double()
         excess = torch.where(in_set, (1.0 - p_x).clamp_min(0.0), torch.zeros_like(p_x))
