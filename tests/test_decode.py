@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mock import CharTokenizer, MockLM, cycle_lm
+from mock import ByteTokenizer, CharTokenizer, MockLM, ScriptLM, cycle_lm
 from nsd.api import Engine, GenerationConfig, _StopScanner
 from nsd.costmodel import AdaptiveK
 from nsd.decode import DecodeConfig, decode, run_to_end
@@ -269,6 +269,34 @@ def test_stop_string_found_however_many_tokens_a_pass_adds(k: int, stop: str) ->
     assert stop in tokenizer.decode(tokens) and stop not in tokenizer.decode(tokens[:-last_pass])
     if k == 30:
         assert stats.target_passes == 1 and stats.new_tokens == 31
+
+
+def test_stop_scanner_does_not_count_replacement_characters_towards_its_margin() -> None:
+    # Byte tokens: six emoji are 24 tokens, and the stop string's last byte arrives in a later
+    # pass. The re-decoded margin starts inside an emoji, whose stray bytes render as three
+    # U+FFFD; counted as characters they would end the margin one emoji short of the stop
+    # string's start.
+    stop = "\U0001F642" * 6
+    tokenizer = ByteTokenizer()
+    generated = tokenizer.encode("ab" + stop)
+    scan = _StopScanner(tokenizer, (stop,))
+    assert not scan(generated[:-1])
+    assert scan(generated)
+
+
+@pytest.mark.parametrize("method,k", [("ar", 4), ("sd", 3), ("sd", 7)])
+def test_emoji_stop_string_split_into_byte_tokens_stops_decoding(method: str, k: int) -> None:
+    stop = "\U0001F642" * 6
+    tokenizer = ByteTokenizer()
+    script = tokenizer.encode("ab" + stop + "tail text after the stop string " * 4)
+    engine = Engine.from_backends(ScriptLM(script), tokenizer, proposer="ngram", eos_token_ids=())
+    result = engine.generate(script[:1], GenerationConfig(method=method, k=k, max_new_tokens=120,
+                                                          stop=(stop,)))
+    assert result.text == "b"
+    assert result.stats.stop_reason == "stop"
+    # Decoding ends with the pass that completes the stop string.
+    assert tokenizer.encode(stop) == result.token_ids[1:1 + len(tokenizer.encode(stop))]
+    assert len(result.token_ids) <= 1 + len(tokenizer.encode(stop)) + k
 
 
 # --------------------------------------------------------------------------- EOS inside a block
