@@ -241,6 +241,50 @@ def test_nucleus_threshold_definition_and_fallback() -> None:
     assert not relaxed_set_mask(probs, RuleConfig(kind="nucleus", theta=0.0)).any()
 
 
+def _nucleus_by_definition(probs: torch.Tensor, theta: float) -> torch.Tensor:
+    """Reference membership, one row at a time: sort descending, keep the shortest prefix
+    whose mass reaches θ × the row's total, plus every token tied with the crossing one."""
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    for r, row in enumerate(probs):
+        values = row.sort(descending=True).values
+        reached = values.double().cumsum(0) >= theta * row.double().sum()
+        t = values[int(reached.to(torch.int8).argmax())]
+        mask[r] = (row >= t) & (row > 0)
+    return mask
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_nucleus_branches_agree_on_unnormalised_rows(device: str, monkeypatch) -> None:
+    # Rows with nuclei larger than the top-256 look take the full-sort branch: the host-sync
+    # one on CPU, the sync-free one on an accelerator. Both must measure θ against the row's
+    # own total, so unnormalised rows (totals 0.5 and 3, float32 rounding) keep the same
+    # nucleus whichever branch runs. Forced here on CPU tensors; natural on a GPU.
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import nsd.verify as verify_module
+
+    gen = torch.Generator().manual_seed(21)
+    v = 1000
+    flat = torch.softmax(0.3 * torch.randn(8, v, generator=gen), -1)  # nuclei of hundreds
+    peaked = torch.softmax(6.0 * torch.randn(8, v, generator=gen), -1)  # nuclei of a few
+    probs = torch.cat([flat, peaked])
+    probs = probs * torch.tensor([0.5, 3.0, 1.0, 0.7] * 4).unsqueeze(-1)
+    probs[::5, 600:] = 0.0  # zeros, as after top-k
+    theta = 0.9
+    expected = _nucleus_by_definition(probs, theta)
+    assert (expected[:8].sum(-1) > 256).all() and (expected[8:].sum(-1) < 256).all()
+    rule = RuleConfig(kind="nucleus", theta=theta)
+    masks = {}
+    original = verify_module._complete_short_rows
+    for host_sync in (True, False):
+        if device == "cpu":
+            monkeypatch.setattr(verify_module, "_complete_short_rows",
+                                lambda f, m, t, host_sync, forced=host_sync: original(f, m, t, forced))
+        masks[host_sync] = relaxed_set_mask(probs.to(device), rule).cpu()
+    assert torch.equal(masks[True], expected)
+    assert torch.equal(masks[False], expected)
+
+
 def test_typical_set() -> None:
     probs = torch.tensor([[0.7, 0.2, 0.09, 0.01]])
     rule = RuleConfig(kind="typical", epsilon=0.3, typical_delta=0.09)

@@ -126,18 +126,31 @@ def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
         return positive.amin(dim=-1).reshape(shape)
     top = min(_NUCLEUS_TOPK, flat.shape[-1])
     values = torch.topk(flat, top, dim=-1).values  # [R, top], descending
-    totals = flat.double().sum(dim=-1, keepdim=True)  # [R, 1]
-    thresholds = _crossing_value(values, theta * totals)
+    target_mass = theta * flat.double().sum(dim=-1, keepdim=True)  # [R, 1]: θ × row total
+    thresholds = _crossing_value(values, target_mass)
+    return _complete_short_rows(flat, target_mass, thresholds,
+                                host_sync=flat.device.type == "cpu").reshape(shape)
+
+
+def _complete_short_rows(flat: torch.Tensor, target_mass: torch.Tensor, thresholds: torch.Tensor,
+                         host_sync: bool) -> torch.Tensor:
+    """Fill in the rows whose nucleus is larger than the top-k look (NaN in ``thresholds``).
+
+    flat: ``[R, V]``; target_mass: ``[R, 1]`` float64 θ × row total; thresholds: ``[R]``.
+    Both branches take the same ``target_mass``, so which one runs never changes the
+    nucleus (an absolute θ here once made unnormalised rows differ on accelerators).
+    """
     short = torch.isnan(thresholds)
-    if flat.device.type != "cpu":
+    if not host_sync:
         # On an accelerator, asking which rows fell short would stall on a host read; a
         # full sort of every row is cheaper than that stall.
         full = torch.sort(flat, dim=-1, descending=True).values
-        thresholds = torch.where(short, _crossing_value(full, theta, exhaustive=True), thresholds)
-    elif short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
+        return torch.where(short, _crossing_value(full, target_mass, exhaustive=True), thresholds)
+    if short.any():  # pay for the full sort on the short rows only
         full = torch.sort(flat[short], dim=-1, descending=True).values
-        thresholds[short] = _crossing_value(full, theta * totals[short], exhaustive=True)
-    return thresholds.reshape(shape)
+        thresholds = thresholds.clone()
+        thresholds[short] = _crossing_value(full, target_mass[short], exhaustive=True)
+    return thresholds
 
 
 def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
