@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nsd.verify import RuleConfig, relaxation_weights, relaxed_acceptance, relaxed_set_stats
+from nsd.verify import RuleConfig, charge, relaxation_weights, relaxed_acceptance, relaxed_set_stats
 
 PLACEHOLDER_TOKEN_ID = -1  # the engine's marker for "no token in this slot"
 
@@ -200,7 +200,8 @@ def verify_ragged(
         num_accepted=num_accepted,
         relaxed=relaxed & leading,
         deviation=deviation,
-        spent=spent + deviation.sum(dim=-1),
+        # Left to right, in the budget scan's order: a pairwise sum can round an ulp past B.
+        spent=charge(spent, deviation),
     )
 
 

@@ -383,7 +383,9 @@ def charge(spent: torch.Tensor, deviation: torch.Tensor) -> torch.Tensor:
 
     The order is the budget scan's in :func:`relaxation_weights`, so the result is exactly
     the scan's running total at the last charged position and can never round above the
-    budget; a pairwise ``deviation.sum()`` could, by an ulp.
+    budget; a pairwise ``deviation.sum()`` could, by an ulp. This is the one way a deviation
+    is added to a sequence's total: every path (local decoder, ragged adapter, vLLM ledger)
+    charges through it, so ``D ≤ B`` holds for every number reported.
     """
     total = spent.clone()
     for t in range(deviation.shape[-1]):
