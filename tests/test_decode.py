@@ -65,6 +65,22 @@ def test_seeded_runs_are_reproducible_and_seeds_matter() -> None:
     assert a != c
 
 
+def test_greedy_smooth_budget_output_does_not_depend_on_the_seed() -> None:
+    # At temperature 0 a relaxed accept costs E = 1; a smooth budget with a fractional
+    # remainder relaxes all-or-nothing there, so the seed (which only feeds the uniforms)
+    # cannot change a greedy output, its statistics or its D.
+    target = MockLM(vocab_size=32, seed=6, sharpness=1.0)
+    draft = MockLM(vocab_size=32, seed=7, sharpness=1.0)
+    runs = []
+    for seed in range(8):
+        cfg = DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.9, budget=2.5, smooth=True),
+                           sampling=GREEDY, k=4, max_new_tokens=60, seed=seed)
+        tokens, stats = _run(target, cfg, DraftModelProposer(draft, GREEDY))
+        runs.append((tokens, stats.accepted_per_pass, stats.relaxed_accepts, stats.deviation))
+    assert all(run == runs[0] for run in runs[1:])
+    assert runs[0][3] == 2.0 and runs[0][2] == 2  # two whole relaxed accepts; the 0.5 left unspent
+
+
 def test_nsd_greedy_accepts_more_and_reports_deviation() -> None:
     target = MockLM(vocab_size=32, seed=6, sharpness=1.0)
     draft = MockLM(vocab_size=32, seed=7, sharpness=1.0)

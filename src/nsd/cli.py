@@ -75,7 +75,8 @@ def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True) -> N
     p.add_argument("--cap", type=_float_arg, default=math.inf,
                    help="per-position cap δ: positions with E_t > δ are verified exactly")
     p.add_argument("--smooth", action="store_true",
-                   help="spend the last remainder of the budget with a partial relaxation")
+                   help="spend the last remainder of the budget with a partial relaxation "
+                        "(sampling only: greedy relaxes all-or-nothing, so it stays seed-free)")
     # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
     p.add_argument("--typical-epsilon", type=_float_arg, default=0.09,
                    help="typical acceptance ε: p(x) > min(ε, δ·exp(−H)) (default 0.09, as Medusa)")

@@ -233,6 +233,7 @@ def relaxation_weights(
     rule: RuleConfig,
     excess: torch.Tensor,  # [B, k] float64 E_t
     spent: torch.Tensor,  # [B] float64 budget already spent by this sequence
+    greedy: torch.Tensor | bool = False,  # [B] bool (or one bool for all): temperature-0 rows
 ) -> torch.Tensor:
     """Relaxation weight ``λ_t ∈ [0, 1]`` per position ``[B, k]`` float64.
 
@@ -240,6 +241,11 @@ def relaxation_weights(
     positions up to the first rejection are, and those all precede it), charging
     ``λ_t·E_t``. Hard budget: ``λ_t = 1`` iff ``spent + E_t ≤ B`` (and ``E_t ≤ δ``), else 0.
     Smooth: a position the remainder cannot cover gets ``λ_t = remaining / E_t``.
+
+    Greedy rows relax all-or-nothing even when the rule is smooth. At temperature 0 a
+    relaxed accept costs ``E = 1`` and ``m`` is 0 or 1, so a partial ``λ`` would make the
+    accept a coin flip on the uniform, and a greedy output would depend on the seed. Every
+    caller (local decoder, ragged/vLLM path) passes its greedy rows here, so they agree.
     """
     if not rule.relaxes:
         return torch.zeros_like(excess)
@@ -248,13 +254,17 @@ def relaxation_weights(
         return allowed.double()
     weights = torch.zeros_like(excess)
     running = spent.clone()
+    if rule.smooth:
+        hard_rows = torch.as_tensor(greedy, dtype=torch.bool, device=excess.device)
+        hard_rows = hard_rows.expand(excess.shape[:-1])
     for t in range(excess.shape[-1]):
         e = excess[:, t]
         # Test the float sum itself, not e <= B − spent: the two round differently, and
         # "D ≤ B on every path" must hold for the number reported.
         fits = running + e <= rule.budget
         if rule.smooth:
-            lam = torch.where(fits, torch.ones_like(e), _partial_weight(rule.budget, running, e))
+            partial = torch.where(hard_rows, torch.zeros_like(e), _partial_weight(rule.budget, running, e))
+            lam = torch.where(fits, torch.ones_like(e), partial)
         else:
             lam = fits.double()
         lam = lam * allowed[:, t]
@@ -402,12 +412,17 @@ def verify(
     accept_uniforms: torch.Tensor,  # [B, k] float64
     sample_uniforms: torch.Tensor,  # [B] float64
     spent: torch.Tensor | None = None,  # [B] float64
+    greedy: torch.Tensor | bool = False,  # [B] bool or one bool: temperature-0 rows
 ) -> VerifyResult:
-    """Relaxed set, budget policy and block test in one call."""
+    """Relaxed set, budget policy and block test in one call.
+
+    ``greedy`` marks rows decoded at temperature 0 (``p`` one-hot): the budget relaxes them
+    all-or-nothing (see :func:`relaxation_weights`).
+    """
     k = draft_tokens.shape[-1]
     if spent is None:
         spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64, device=draft_tokens.device)
     in_set, excess = relaxed_set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, draft_probs)
-    weights = relaxation_weights(rule, excess, spent)
+    weights = relaxation_weights(rule, excess, spent, greedy)
     return verify_block(target_probs, draft_tokens, draft_probs, in_set, excess, weights,
                         accept_uniforms, sample_uniforms, spent)
