@@ -19,6 +19,7 @@ from nsd.verify import (
     relaxation_weights,
     relaxed_set_mask,
     relaxed_set_stats,
+    typical_threshold,
     verify,
     verify_block,
 )
@@ -292,6 +293,30 @@ def test_typical_set() -> None:
     entropy = -(probs * probs.log()).sum()
     thr = min(0.3, 0.09 * math.exp(-entropy.item()))
     assert relaxed_set_mask(probs, rule).tolist() == [[p > thr for p in probs[0].tolist()]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_typical_set_on_half_precision_inputs_is_the_float32_one(dtype: torch.dtype) -> None:
+    # Half-precision target rows (as a half model's softmax gives them), with exact zeros
+    # (top-k) and underflowed tails. The same values in float32 define the reference set.
+    gen = torch.Generator().manual_seed(23)
+    rows, v = 64, 500
+    probs = torch.softmax(torch.cat([3.0 * torch.randn(rows // 2, v, generator=gen),
+                                     0.5 * torch.randn(rows // 2, v, generator=gen)]), -1)
+    probs[::4, 300:] = 0.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    half = probs.to(dtype)
+    reference = half.float()  # exactly the half values
+    rule = RuleConfig(kind="typical")
+    expected = relaxed_set_mask(reference, rule)
+    assert expected.any(dim=-1).all()  # every row has a typical set (its top token at least)
+    assert torch.equal(typical_threshold(half, rule.epsilon, rule.typical_delta),
+                       typical_threshold(reference, rule.epsilon, rule.typical_delta))
+    assert torch.equal(relaxed_set_mask(half, rule), expected)
+    # The single-token test (one-hot q) sees the same set.
+    draft = torch.multinomial(reference, 1, generator=gen)  # [rows, 1]
+    in_set, _ = relaxed_set_stats(rule, half.unsqueeze(1), half.unsqueeze(1), draft, None)
+    assert torch.equal(in_set, expected.gather(-1, draft))
 
 
 def test_block_stops_at_first_rejection_and_charges_only_emitted_positions() -> None:

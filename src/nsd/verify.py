@@ -175,9 +175,16 @@ def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
 
 
 def typical_threshold(plaus_probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
-    """Medusa's typical-acceptance threshold ``min(ε, δ·exp(−H(p̂)))`` per row ``[...]``."""
-    logp = torch.log(plaus_probs.clamp_min(1e-30))
-    entropy = -(plaus_probs * logp).sum(dim=-1)
+    """Medusa's typical-acceptance threshold ``min(ε, δ·exp(−H(p̂)))`` per row ``[...]``.
+
+    The entropy is computed in at least float32: in float16 the clamp's 1e-30 is 0, so a
+    zero probability gives ``0·log 0 = NaN``, the threshold NaN and an empty typical set
+    (silently the exact rule); bfloat16 keeps 8 bits of mantissa, too few for a sum over
+    the vocabulary. Half-precision inputs upcast exactly, so their set is the float32 one.
+    """
+    probs = plaus_probs if plaus_probs.dtype in (torch.float32, torch.float64) else plaus_probs.float()
+    logp = torch.log(probs.clamp_min(1e-30))
+    entropy = -(probs * logp).sum(dim=-1)
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
