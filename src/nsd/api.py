@@ -439,6 +439,9 @@ class Engine:
         return text
 
 
+_REPLACEMENT = "\ufffd"  # what a decoder renders a partial UTF-8 sequence as
+
+
 class _StopScanner:
     """``stop_check`` for :func:`decode`: does the generated text contain a stop string?
 
@@ -460,10 +463,13 @@ class _StopScanner:
         while True:
             lo = max(0, start - back)
             # Out of context a slice's first token can render differently (a dropped leading
-            # space, U+FFFD for a split UTF-8 sequence), so it does not count towards the
-            # `longest − 1` characters a straddling stop string needs; byte-piece tokens
-            # that decode to little make the margin grow.
-            if lo == 0 or len(self.tokenizer.decode(generated[lo + 1:start])) >= self.longest:
+            # space), so it does not count towards the `longest − 1` characters a straddling
+            # stop string needs; byte-piece tokens that decode to little make the margin grow.
+            # Nor do U+FFFD: a slice that starts or ends inside a UTF-8 sequence renders its
+            # stray bytes as one replacement character each, which are not characters of the
+            # text, and counting them lets the window start inside a stop string.
+            margin = self.tokenizer.decode(generated[lo + 1:start])
+            if lo == 0 or len(margin) - margin.count(_REPLACEMENT) >= self.longest:
                 break
             back *= 2
         text = self.tokenizer.decode(generated[lo:])

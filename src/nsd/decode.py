@@ -213,6 +213,7 @@ def decode(
                 torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
                 torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
                 spent,
+                greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
             )
             n_acc = int(result.num_accepted[0])
             new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]

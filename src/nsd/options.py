@@ -130,7 +130,8 @@ DECODING = _opts(
     Option("cap", math.inf, float, low=0.0,
            help="per-position cap δ: positions with E_t > δ are verified exactly"),
     Option("smooth", False, bool,
-           help="spend the last remainder of the budget with a partial relaxation"),
+           help="spend the last remainder of the budget with a partial relaxation (sampling "
+                "only: greedy relaxes all-or-nothing, so it stays seed-free)"),
     # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
     Option("typical_epsilon", 0.09, float, low=0.0, low_open=True,
            help="typical acceptance ε: accept p(x) > min(ε, δ·exp(−H)) (Medusa's "
