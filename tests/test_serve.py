@@ -114,9 +114,29 @@ def test_stop_string_and_nsd_knobs(server) -> None:
         stats = _completion(client, max_tokens=6, nsd={"method": method}).json()["usage"]["nsd"]
         assert stats["method"] == method
     stats = _completion(client, max_tokens=6, nsd={"theta": 0.0}).json()["usage"]["nsd"]
-    assert stats["method"] == "sd" and stats["deviation"] == 0.0  # θ = 0 is exactly SD
+    # θ = 0 is exactly SD: reported as asked, with what ran beside it
+    assert stats["method"] == "nsd" and stats["effective_method"] == "sd"
+    assert stats["theta"] == 0.0 and stats["deviation"] == 0.0
     stats = _completion(client, max_tokens=12, nsd={"budget": 0.5, "k": 2}).json()["usage"]["nsd"]
     assert stats["deviation"] <= 0.5
+
+
+def test_budget_zero_is_reported_as_the_method_asked_for(server) -> None:
+    client, _ = server
+    body = {"model": "mock", "prompt": "abcabc", "max_tokens": 6, "nsd": {"budget": 0}}
+    stats = client.post("/v1/completions", json=body).json()["usage"]["nsd"]
+    # nsd with budget 0 never relaxes, so it decodes as SD: both are said, and the budget.
+    assert stats["method"] == "nsd" and stats["effective_method"] == "sd"
+    assert stats["budget"] == 0.0 and stats["cap"] is None and stats["deviation"] == 0.0
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}}) as r:
+        streamed = sse_events(r.read().decode())[-2]["usage"]["nsd"]
+    assert {k: streamed[k] for k in ("method", "effective_method", "budget")} == {
+        "method": "nsd", "effective_method": "sd", "budget": 0.0}
+    plain = client.post("/v1/completions", json={**body, "nsd": {"method": "sd"}}).json()
+    assert plain["usage"]["nsd"]["method"] == "sd" and "budget" not in plain["usage"]["nsd"]
+    metrics = client.get("/metrics").text
+    assert 'nsd_completion_tokens_total{method="nsd"}' in metrics
 
 
 def test_k_auto_is_passed_to_the_library(server) -> None:
@@ -246,6 +266,15 @@ def test_api_key_required(keyed, headers, method, path, body) -> None:
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_api_key" and "secret-model" not in r.text
     assert r.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("header", ["bearer k3y", "BEARER k3y", "BeArEr k3y"])
+def test_bearer_scheme_is_case_insensitive(keyed, header) -> None:
+    # RFC 7235: the auth-scheme is case-insensitive; the key itself is not.
+    r = keyed.post("/v1/completions", json={"model": "secret-model", "prompt": "ab", "max_tokens": 2},
+                   headers={"Authorization": header})
+    assert r.status_code == 200, r.text
+    assert keyed.get("/v1/models", headers={"Authorization": header.upper()}).status_code == 401
 
 
 def test_api_key_accepted_and_health_open(keyed) -> None:
