@@ -20,7 +20,7 @@ from nsd.verify import RuleConfig
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "   "], "empty"),
     (["generate", "--target", "smollm2-135m-instruct"], "no prompt"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--temperature", "-1"], "temperature"),
-    (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "0"], "draft length"),
+    (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "0"], "draft-length"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--top-p", "0"], "top-p"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt-file", "/nonexistent/p.txt"], "cannot read"),
     (["generate", "--target", "smollm2-135m-instruct", "--method", "sd", "--proposer", "draft",

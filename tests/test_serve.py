@@ -324,3 +324,20 @@ def test_engine_encodes_a_conversation() -> None:
         engine.encode([{"role": "tool", "content": "x"}])
     with pytest.raises(NSDError, match="empty"):
         engine.encode([{"role": "user", "content": " "}])
+
+
+def test_models_report_the_nsd_defaults_under_the_option_names() -> None:
+    """/v1/models and /v1/models/{id} carry the server's defaults for every knob of the
+    request's ``nsd`` object, keyed as that object takes them (one definition, nsd.options)."""
+    from nsd import options as optspec
+
+    defaults = GenerationConfig(method="nsd", theta=0.7, budget=2.0, k=3)
+    with running_server(mock_engine(), ServerConfig(model_name="mock", defaults=defaults)) as (url, _):
+        listed = httpx.get(f"{url}/v1/models").json()["data"][0]
+        one = httpx.get(f"{url}/v1/models/{listed['id']}")
+        assert one.status_code == 200 and one.json() == listed
+        assert set(listed["nsd"]["defaults"]) == {*optspec.RULE, *optspec.DRAFT_LENGTH}
+        assert listed["nsd"]["defaults"]["theta"] == 0.7 and listed["nsd"]["defaults"]["k"] == 3
+        assert listed["nsd"]["defaults"]["cap"] is None  # unlimited: JSON has no infinity
+        missing = httpx.get(f"{url}/v1/models/not-this-one")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -90,10 +90,21 @@ def generation_config(args: argparse.Namespace, **overrides: Any):
     loads, so a bad value fails fast)."""
     from nsd.api import GenerationConfig
 
+    _check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
     return GenerationConfig.from_mapping(vars(args), **overrides)
 
 
 def backend_options(args: argparse.Namespace):
     from nsd.api import BackendOptions
 
+    _check_flags(args, optspec.BACKEND)
     return BackendOptions.from_mapping(vars(args))
+
+
+def _check_flags(args: argparse.Namespace, names: Iterable[str]) -> None:
+    """Range errors name the flag as typed (``--top-p``), not the field."""
+    for name in names:
+        value = getattr(args, name, None)
+        option = optspec.ALL[name]
+        if value is not None and not isinstance(value, list):  # bench's θ/B lists: per value
+            option.check(value, label="/".join(filter(None, (option.short, option.flag))))

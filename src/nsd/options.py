@@ -48,6 +48,7 @@ class Option:
     metavar: str | None = None
     short: str | None = None  # one-letter CLI alias, e.g. -k
     long: str | None = None  # a CLI spelling other than --name-with-dashes
+    words: str | None = None  # the accepted values in words, where the bounds read badly
 
     @property
     def flag(self) -> str:
@@ -56,6 +57,8 @@ class Option:
 
     def range_text(self) -> str:
         """The accepted values in words, as error messages and help show them."""
+        if self.words is not None:
+            return self.words
         if self.choices is not None:
             return "one of " + ", ".join(self.choices)
         if self.type is bool:
@@ -76,14 +79,14 @@ class Option:
             text += " or 'auto'"
         return text
 
-    def check(self, value: Any) -> Any:
+    def check(self, value: Any, label: str | None = None) -> Any:
         """``value`` if it is acceptable (ints widened to float where a float is wanted),
-        else an NSDError naming the option and what it accepts."""
+        else an NSDError naming the option (as ``label``, e.g. its flag) and what it takes."""
         if value is None and self.optional:
             return None
         if self.auto and value == "auto":
             return value
-        bad = NSDError(f"{self.name} must be {self.range_text()}, got {value!r}")
+        bad = NSDError(f"{label or self.name} must be {self.range_text()}, got {value!r}")
         if self.type is bool:
             if not isinstance(value, bool):
                 raise bad
@@ -144,7 +147,10 @@ DECODING = _opts(
            help="keep the smallest set of tokens with mass >= top-p (1 disables)"),
     Option("min_p", 0.0, float, low=0.0, high=1.0, high_open=True,
            help="drop tokens below min-p times the most likely one's probability (0 disables)"),
+    # torch seeds its generator with a 64-bit integer (a negative one taken modulo 2^64), so
+    # the signed 64-bit range is every seed that means something, each a different stream.
     Option("seed", 0, int, low=-2 ** 63, high=2 ** 63, high_open=True,
+           words="a whole number in [-2^63, 2^63 - 1] (a signed 64-bit integer)",
            help="random seed: the same seed, prompt and settings give the same tokens on the "
                 "same machine, with -k auto too"),
     Option("max_new_tokens", 128, int, low=1, help="most tokens to generate"),
@@ -185,6 +191,9 @@ BACKEND = _opts(
 )
 
 ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
+# The decoding options that pick and shape the verification rule (the rest of DECODING is
+# sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
+RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
 RELAXED_METHODS = ("nsd", "typical")
 
 

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import hmac
 import logging
+import math
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nsd import options as optspec
 from nsd.api import GenerationResult
 from nsd.errors import NSDError
 from nsd.serve.config import ServerConfig
@@ -53,6 +55,11 @@ class _Model:
     @property
     def status(self) -> str:
         return "ok" if self.engine is not None else ("failed" if self.error else "loading")
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no infinity: an unlimited budget or cap is reported as null."""
+    return None if isinstance(value, float) and math.isinf(value) else value
 
 
 def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any] | None = None,
@@ -117,10 +124,24 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        # What a request gets for every ``nsd`` knob it leaves out: the server's settings,
+        # keyed by the same option names the request's ``nsd`` object takes.
+        defaults = {name: _json_number(getattr(config.defaults, name))
+                    for name in (*optspec.RULE, *optspec.DRAFT_LENGTH)}
+        return {"id": config.model_name, "object": "model", "created": started, "owned_by": "nsd",
+                "nsd": {"defaults": defaults}}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": config.model_name, "object": "model", "created": started, "owned_by": "nsd"}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str) -> JSONResponse:
+        if model_id != config.model_name:
+            raise ApiError(404, f"model {model_id!r} is not served here (this server has "
+                           f"{config.model_name!r})", param="model", code="model_not_found")
+        return JSONResponse(model_card())
 
     async def generate(request: Request, chat: bool) -> Response:
         arrived = time.perf_counter()

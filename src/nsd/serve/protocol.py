@@ -16,17 +16,13 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
                       field_validator)
 
+from nsd import options as optspec
 from nsd.api import GenerationConfig, GenerationResult
 from nsd.errors import NSDError
 
-
-# torch seeds its generator with a 64-bit integer (a negative one taken modulo 2^64), so the
-# signed 64-bit range is every seed that means something, each a different stream; OpenAI
-# documents ``seed`` as a 64-bit integer too.
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 # A JSON escape of half a UTF-16 pair ("\ud800") decodes to a lone surrogate, which is no
 # Unicode character: tokenizers and UTF-8 encoders raise on it.
@@ -51,30 +47,27 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
-class NsdOptions(BaseModel):
-    """The ``nsd`` extra body field; anything left out takes the server's flag."""
+def _nsd_field(name: str) -> tuple[Any, Any]:
+    option = optspec.ALL[name]
+    return Any, Field(None, description=f"{option.help} ({option.range_text()}; default: the server's "
+                                        f"{option.flag})")
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    method: Literal["ar", "sd", "nsd", "typical"] | None = None
-    theta: float | None = Field(None, ge=0.0, le=1.0)
-    budget: float | None = Field(None, ge=0.0)
-    cap: float | None = Field(None, ge=0.0)
-    smooth: bool | None = None
-    k: Any = None  # an int >= 1, or "auto": the cost model picks k before each block
-    k_max: int | None = Field(None, ge=1)  # largest k for "auto" and adaptive_k
-    adaptive_k: bool | None = None
-    typical_epsilon: float | None = Field(None, ge=0.0)
-    typical_delta: float | None = Field(None, ge=0.0)
+def _check_option(cls: type, value: Any, info: ValidationInfo) -> Any:
+    try:
+        return optspec.check(info.field_name, value)
+    except NSDError as err:  # "theta must be ..." -> "must be ...": the field is named anyway
+        raise ValueError(str(err).removeprefix(f"{info.field_name} ")) from None
 
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, value: Any) -> Any:
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError('must be an integer >= 1 or "auto"')
-        return value
+
+# The ``nsd`` extra body field: the rule and draft-length options of nsd.options, with the
+# names, ranges and help defined there; anything left out takes the server's flag.
+NsdOptions = create_model(
+    "NsdOptions",
+    __config__=ConfigDict(extra="forbid"),
+    __validators__={"check_option": field_validator("*", mode="before")(classmethod(_check_option))},
+    **{name: _nsd_field(name) for name in (*optspec.RULE, *optspec.DRAFT_LENGTH)},
+)
 
 
 class StreamOptions(BaseModel):
@@ -88,10 +81,10 @@ class _GenerationRequest(BaseModel):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # not OpenAI's, but widely sent as an extra field
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     stop: Any = None
     seed: int | None = None
     n: int | None = None
@@ -99,7 +92,7 @@ class _GenerationRequest(BaseModel):
     functions: Any = None  # tools' deprecated predecessor
     stream: bool = False
     stream_options: StreamOptions | None = None
-    nsd: NsdOptions | None = None
+    nsd: NsdOptions | None = None  # type: ignore[valid-type]
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -112,13 +105,9 @@ class _GenerationRequest(BaseModel):
             return tuple(value)
         raise ValueError("must be a string or a list of strings")
 
-    @field_validator("seed")
-    @classmethod
-    def _check_seed(cls, value: int | None) -> int | None:
-        if value is not None and not SEED_MIN <= value <= SEED_MAX:
-            raise ValueError(f"must be an integer in [-2^63, 2^63 - 1] (a signed 64-bit "
-                             f"integer), got {value}")
-        return value
+    # The sampling fields are nsd's options under OpenAI's names: checked by their specs.
+    _check_sampling = field_validator("temperature", "top_p", "top_k", "min_p", "seed",
+                                      mode="before")(classmethod(_check_option))
 
     @field_validator("tools", "functions")
     @classmethod
@@ -285,8 +274,7 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     if request.nsd is not None:
         overrides.update(request.nsd.model_dump(exclude_none=True))
     try:
-        config = dataclasses.replace(defaults, **overrides)
-        config.decode_config()  # raises on any knob the library refuses
+        config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
     except (NSDError, TypeError, ValueError) as exc:
         message = str(exc)
         # Name the field the library's message mentions first ("k_max (3) must be >= k (6)").
