@@ -46,6 +46,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence, TypeVar
 
+from nsd import options as optspec
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
 from nsd.bench.metrics import acceptance_by_position, median, wilson_interval
@@ -223,7 +224,7 @@ def render_report(header: Sequence[str], sections: Sequence[tuple[str, list[dict
 def build(spec: dict | None, report: Path, args: argparse.Namespace):
     import vllm
 
-    extra = {"nsd": {"rule": "exact", "report": str(report), "log_requests": False}} if spec else {}
+    extra = {"nsd": {"method": "sd", "report": str(report), "log_requests": False}} if spec else {}
     return vllm.LLM(model=str(MODELS / args.target / "hf"), dtype="bfloat16", max_model_len=2048,
                     seed=0, kv_cache_memory_bytes=1 << 30, compilation_config={"mode": 0},
                     speculative_config=spec, additional_config=extra)
@@ -359,8 +360,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("-k", type=int, default=4, help="draft tokens per step")
     ap.add_argument("--temperatures", default="0,0.8")
-    ap.add_argument("--theta", type=float, default=0.9)
-    ap.add_argument("--budget", type=float, default=1.0)
+    ap.add_argument("--theta", type=float, default=optspec.default("theta"), help=optspec.ALL["theta"].help)
+    ap.add_argument("--budget", type=float, default=1.0,
+                    help=optspec.ALL["budget"].help.split(" (default")[0] + " (default here: 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="journal, settings and results")

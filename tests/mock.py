@@ -74,3 +74,35 @@ class CharTokenizer:
 
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = False) -> str:
         return "".join(self.alphabet[int(t)] for t in tokens)
+
+
+class ScriptLM(MockLM):
+    """A target whose greedy continuation is a fixed token script: after ``n`` tokens of
+    context it predicts ``script[n]`` (by ``margin`` logits), whatever those tokens are."""
+
+    def __init__(self, script: Sequence[int], vocab_size: int = 256, margin: float = 20.0) -> None:
+        self.table = torch.zeros(vocab_size, 1, 1)  # only its first size is read (vocab_size)
+        self._tokens = []
+        self.eos_token_ids = ()
+        self.forward_calls = 0
+        self.script = list(script)
+        self.margin = margin
+
+    def logits_after(self, tokens: Sequence[int]) -> torch.Tensor:
+        logits = torch.zeros(self.vocab_size)
+        logits[self.script[len(tokens) % len(self.script)]] = self.margin
+        return logits
+
+
+class ByteTokenizer:
+    """Token ``i`` <-> byte ``i`` (UTF-8), decoded as Hugging Face byte-level tokenizers do:
+    a split multi-byte character renders as U+FFFD."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")

@@ -55,9 +55,11 @@ def mock_engine(delay: float = 0.0, n_ctx: int | None = None) -> Engine:
 
 
 @contextlib.contextmanager
-def running_server(engine: Engine, config: ServerConfig) -> Iterator[tuple[str, Any]]:
-    """Serve ``create_app(engine, config)`` on 127.0.0.1 (free port); yield (base URL, app)."""
-    app = create_app(engine, config)
+def running_server(engine: Engine | None, config: ServerConfig,
+                   **app_options: Any) -> Iterator[tuple[str, Any]]:
+    """Serve ``create_app(engine, config, **app_options)`` on 127.0.0.1 (free port); yield
+    (base URL, app)."""
+    app = create_app(engine, config, **app_options)
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=5))

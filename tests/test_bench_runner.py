@@ -74,7 +74,7 @@ def test_method_grid_labels() -> None:
         expand_methods(["fast"], [0.9], [], ["draft"])
     with pytest.raises(NSDError, match="nsd-budget needs --budget"):
         expand_methods(["nsd-budget"], [0.9], [], ["draft"])
-    with pytest.raises(NSDError, match="theta must be in"):
+    with pytest.raises(NSDError, match=r"theta must be a number in \[0, 1\]"):
         expand_methods(["nsd"], [1.5], [], ["draft"])
 
 

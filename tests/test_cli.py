@@ -20,7 +20,7 @@ from nsd.verify import RuleConfig
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "   "], "empty"),
     (["generate", "--target", "smollm2-135m-instruct"], "no prompt"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--temperature", "-1"], "temperature"),
-    (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "0"], "draft length"),
+    (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "0"], "draft-length"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--top-p", "0"], "top-p"),
     (["generate", "--target", "smollm2-135m-instruct", "--prompt-file", "/nonexistent/p.txt"], "cannot read"),
     (["generate", "--target", "smollm2-135m-instruct", "--method", "sd", "--proposer", "draft",
@@ -50,11 +50,11 @@ def test_models_list_runs(capsys) -> None:
 def test_typical_acceptance_defaults_are_medusas() -> None:
     # Medusa accepts p(x) > min(ε, δ·exp(−H)) with ε = posterior_threshold = 0.09 and
     # δ = posterior_alpha = 0.3; every layer must default to that pair, not the swap.
-    assert (RuleConfig().epsilon, RuleConfig().typical_delta) == (0.09, 0.3)
+    assert (RuleConfig().typical_epsilon, RuleConfig().typical_delta) == (0.09, 0.3)
     config = GenerationConfig()
     assert (config.typical_epsilon, config.typical_delta) == (0.09, 0.3)
     rule = GenerationConfig(method="typical").rule()
-    assert (rule.epsilon, rule.typical_delta) == (0.09, 0.3)
+    assert (rule.typical_epsilon, rule.typical_delta) == (0.09, 0.3)
     parser = build_parser()
     for argv in (["generate", "--target", "t"], ["compare", "--target", "t"], ["bench"]):
         args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mock import CharTokenizer, MockLM, cycle_lm
+from mock import ByteTokenizer, CharTokenizer, MockLM, ScriptLM, cycle_lm
 from nsd.api import Engine, GenerationConfig, _StopScanner
 from nsd.costmodel import AdaptiveK
 from nsd.decode import DecodeConfig, decode, run_to_end
@@ -63,6 +63,22 @@ def test_seeded_runs_are_reproducible_and_seeds_matter() -> None:
     (a, sa), (b, sb), (c, _) = run(7), run(7), run(8)
     assert a == b and sa.accepted_per_pass == sb.accepted_per_pass and sa.deviation == sb.deviation
     assert a != c
+
+
+def test_greedy_smooth_budget_output_does_not_depend_on_the_seed() -> None:
+    # At temperature 0 a relaxed accept costs E = 1; a smooth budget with a fractional
+    # remainder relaxes all-or-nothing there, so the seed (which only feeds the uniforms)
+    # cannot change a greedy output, its statistics or its D.
+    target = MockLM(vocab_size=32, seed=6, sharpness=1.0)
+    draft = MockLM(vocab_size=32, seed=7, sharpness=1.0)
+    runs = []
+    for seed in range(8):
+        cfg = DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.9, budget=2.5, smooth=True),
+                           sampling=GREEDY, k=4, max_new_tokens=60, seed=seed)
+        tokens, stats = _run(target, cfg, DraftModelProposer(draft, GREEDY))
+        runs.append((tokens, stats.accepted_per_pass, stats.relaxed_accepts, stats.deviation))
+    assert all(run == runs[0] for run in runs[1:])
+    assert runs[0][3] == 2.0 and runs[0][2] == 2  # two whole relaxed accepts; the 0.5 left unspent
 
 
 def test_nsd_greedy_accepts_more_and_reports_deviation() -> None:
@@ -269,6 +285,34 @@ def test_stop_string_found_however_many_tokens_a_pass_adds(k: int, stop: str) ->
     assert stop in tokenizer.decode(tokens) and stop not in tokenizer.decode(tokens[:-last_pass])
     if k == 30:
         assert stats.target_passes == 1 and stats.new_tokens == 31
+
+
+def test_stop_scanner_does_not_count_replacement_characters_towards_its_margin() -> None:
+    # Byte tokens: six emoji are 24 tokens, and the stop string's last byte arrives in a later
+    # pass. The re-decoded margin starts inside an emoji, whose stray bytes render as three
+    # U+FFFD; counted as characters they would end the margin one emoji short of the stop
+    # string's start.
+    stop = "\U0001F642" * 6
+    tokenizer = ByteTokenizer()
+    generated = tokenizer.encode("ab" + stop)
+    scan = _StopScanner(tokenizer, (stop,))
+    assert not scan(generated[:-1])
+    assert scan(generated)
+
+
+@pytest.mark.parametrize("method,k", [("ar", 4), ("sd", 3), ("sd", 7)])
+def test_emoji_stop_string_split_into_byte_tokens_stops_decoding(method: str, k: int) -> None:
+    stop = "\U0001F642" * 6
+    tokenizer = ByteTokenizer()
+    script = tokenizer.encode("ab" + stop + "tail text after the stop string " * 4)
+    engine = Engine.from_backends(ScriptLM(script), tokenizer, proposer="ngram", eos_token_ids=())
+    result = engine.generate(script[:1], GenerationConfig(method=method, k=k, max_new_tokens=120,
+                                                          stop=(stop,)))
+    assert result.text == "b"
+    assert result.stats.stop_reason == "stop"
+    # Decoding ends with the pass that completes the stop string.
+    assert tokenizer.encode(stop) == result.token_ids[1:1 + len(tokenizer.encode(stop))]
+    assert len(result.token_ids) <= 1 + len(tokenizer.encode(stop)) + k
 
 
 # --------------------------------------------------------------------------- EOS inside a block

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
-from nsd.ragged import padded_token_index
-from nsd.verify import RuleConfig, relaxed_set_mask
+from nsd.ragged import padded_token_index, verify_ragged
+from nsd.verify import RuleConfig, relaxed_set_mask, verify
 from vllm_stock_reference import stock_rejection_sample
 
 EXACT = RuleConfig(kind="exact")
@@ -196,8 +197,81 @@ def test_budget_is_never_exceeded_across_steps(mode: str) -> None:
         case = ragged_case(500 + step, mode, with_q=(step % 2 == 0))
         res = run_nsd(rule, case, seed=step, spent=spent)
         spent = res.spent
-        assert torch.all(spent <= budget + 1e-12)
+        assert torch.all(spent <= budget)
     assert spent.max() > 0.5 * budget  # the budget is actually used
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_budget_holds_exactly_on_the_vllm_path_and_in_its_ledger(smooth: bool) -> None:
+    # 500 engine steps of 12 requests (6,000 request-steps), each request living a few
+    # steps, its D carried by the plugin's ledger from step to step as in the engine. B =
+    # 0.3 is where a pairwise sum of the step's charges rounds to 0.30000000000000004; the
+    # smooth rule spends every budget down to B exactly, so it meets that rounding often.
+    # No tolerance: D ≤ B for the number the adapter returns and for the ledger's D, and the
+    # two are the same float.
+    budget = 0.3
+    rule = RuleConfig(kind="nucleus", theta=0.95, budget=budget, smooth=smooth)
+    ledger = FidelityLedger(log_requests=False)
+    batch, steps = 12, 500
+    lifetime = [2 + b % 4 for b in range(batch)]
+    exhausted, near = 0, 0
+    for step in range(steps):
+        case = ragged_case(20_000 + step, "random", with_q=step % 3 != 0, batch=batch, padded_draft=False)
+        req_ids = [f"r{b}-{step // lifetime[b]}" for b in range(batch)]
+        spent = ledger.spent(req_ids, torch.device("cpu"))
+        res = run_nsd(rule, case, seed=step, spent=spent)
+        assert torch.all(res.spent <= budget), res.spent.max().item()
+        ledger.record(req_ids, case["num_draft_tokens"], res.output_token_ids, res, step=step)
+        folded = ledger.spent(req_ids, torch.device("cpu"))
+        assert torch.all(folded <= budget), folded.max().item()
+        assert torch.equal(folded, res.spent)
+        exhausted += int((res.spent == budget).sum())
+        near += int((res.spent > 0.9 * budget).sum())
+        ended = {r for b, r in enumerate(req_ids) if (step + 1) // lifetime[b] != step // lifetime[b]}
+        ledger.finish(ended)
+    assert near > 300  # budgets really are spent ...
+    if smooth:
+        assert exhausted > 3000  # ... to the last bit
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_greedy_decisions_agree_between_local_and_vllm_paths(smooth: bool) -> None:
+    # Identical greedy inputs to the local decoder's rule (nsd.verify.verify, p one-hot, p̂ the
+    # temperature-1 softmax) and to the ragged/vLLM adapter. Budgets 1.5 and 2.5 with spent
+    # 0–1.2 leave remainders below one relaxed accept's E = 1: the smooth rule must still
+    # relax all-or-nothing on both paths, so the accept never depends on the uniform.
+    gen = torch.Generator().manual_seed(31)
+    batch, k, vocab = 400, 5, 12
+    logits = 1.5 * torch.randn(batch, k + 1, vocab, generator=gen)
+    plaus = torch.softmax(logits, dim=-1)
+    argmax = logits.argmax(dim=-1)  # [B, k+1]
+    one_hot = torch.nn.functional.one_hot(argmax, vocab).float()
+    top3 = logits[:, :k].topk(3, dim=-1).indices
+    drafts = top3.gather(-1, torch.randint(0, 3, (batch, k, 1), generator=gen)).squeeze(-1)
+    spent = torch.tensor([0.0, 0.3, 0.5, 0.7, 1.2], dtype=torch.float64).repeat(batch // 5)
+    uniforms = torch.rand(batch, k, generator=gen, dtype=torch.float64)
+    partial_remainders = 0
+    for budget in (1.5, 2.5):
+        rule = RuleConfig(kind="nucleus", theta=0.95, budget=budget, smooth=smooth)
+        local = verify(rule, one_hot, plaus[:, :k], drafts, None, uniforms,
+                       torch.rand(batch, generator=gen, dtype=torch.float64), spent, greedy=True)
+        ragged = verify_ragged(
+            rule, plaus[:, :k].reshape(-1, vocab), argmax[:, :k].reshape(-1), drafts.reshape(-1).to(torch.int32),
+            torch.full((batch,), k).cumsum(0).to(torch.int32), k, None, argmax[:, k], torch.ones(batch, dtype=torch.bool),
+            uniforms.reshape(-1), None, spent)
+        assert torch.equal(local.num_accepted, ragged.num_accepted)
+        assert torch.equal(local.relaxed, ragged.relaxed)
+        assert torch.equal(local.deviation, ragged.deviation)
+        assert torch.equal(local.spent, ragged.spent) and torch.all(local.spent <= budget)
+        local_out = torch.full((batch, k + 1), -1, dtype=torch.int64)
+        for b in range(batch):  # the engine's layout: accepted drafts, then recovered/bonus
+            n = int(local.num_accepted[b])
+            local_out[b, :n] = drafts[b, :n]
+            local_out[b, n] = local.next_token[b]
+        assert torch.equal(local_out, ragged.output_token_ids.long())
+        assert torch.all((local.deviation == 0) | (local.deviation == 1))  # never a fraction of E
+        partial_remainders += int((local.relaxed.sum(-1) > 0).sum())
+    assert partial_remainders > 100  # the relaxation is actually exercised
 
 
 def test_no_tensor_is_created_on_the_default_device() -> None:

@@ -114,9 +114,29 @@ def test_stop_string_and_nsd_knobs(server) -> None:
         stats = _completion(client, max_tokens=6, nsd={"method": method}).json()["usage"]["nsd"]
         assert stats["method"] == method
     stats = _completion(client, max_tokens=6, nsd={"theta": 0.0}).json()["usage"]["nsd"]
-    assert stats["method"] == "sd" and stats["deviation"] == 0.0  # θ = 0 is exactly SD
+    # θ = 0 is exactly SD: reported as asked, with what ran beside it
+    assert stats["method"] == "nsd" and stats["effective_method"] == "sd"
+    assert stats["theta"] == 0.0 and stats["deviation"] == 0.0
     stats = _completion(client, max_tokens=12, nsd={"budget": 0.5, "k": 2}).json()["usage"]["nsd"]
     assert stats["deviation"] <= 0.5
+
+
+def test_budget_zero_is_reported_as_the_method_asked_for(server) -> None:
+    client, _ = server
+    body = {"model": "mock", "prompt": "abcabc", "max_tokens": 6, "nsd": {"budget": 0}}
+    stats = client.post("/v1/completions", json=body).json()["usage"]["nsd"]
+    # nsd with budget 0 never relaxes, so it decodes as SD: both are said, and the budget.
+    assert stats["method"] == "nsd" and stats["effective_method"] == "sd"
+    assert stats["budget"] == 0.0 and stats["cap"] is None and stats["deviation"] == 0.0
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}}) as r:
+        streamed = sse_events(r.read().decode())[-2]["usage"]["nsd"]
+    assert {k: streamed[k] for k in ("method", "effective_method", "budget")} == {
+        "method": "nsd", "effective_method": "sd", "budget": 0.0}
+    plain = client.post("/v1/completions", json={**body, "nsd": {"method": "sd"}}).json()
+    assert plain["usage"]["nsd"]["method"] == "sd" and "budget" not in plain["usage"]["nsd"]
+    metrics = client.get("/metrics").text
+    assert 'nsd_completion_tokens_total{method="nsd"}' in metrics
 
 
 def test_k_auto_is_passed_to_the_library(server) -> None:
@@ -248,6 +268,15 @@ def test_api_key_required(keyed, headers, method, path, body) -> None:
     assert r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize("header", ["bearer k3y", "BEARER k3y", "BeArEr k3y"])
+def test_bearer_scheme_is_case_insensitive(keyed, header) -> None:
+    # RFC 7235: the auth-scheme is case-insensitive; the key itself is not.
+    r = keyed.post("/v1/completions", json={"model": "secret-model", "prompt": "ab", "max_tokens": 2},
+                   headers={"Authorization": header})
+    assert r.status_code == 200, r.text
+    assert keyed.get("/v1/models", headers={"Authorization": header.upper()}).status_code == 401
+
+
 def test_api_key_accepted_and_health_open(keyed) -> None:
     auth = {"Authorization": "Bearer k3y"}
     r = keyed.post("/v1/completions", json={"model": "secret-model", "prompt": "ab", "max_tokens": 2},
@@ -295,3 +324,20 @@ def test_engine_encodes_a_conversation() -> None:
         engine.encode([{"role": "tool", "content": "x"}])
     with pytest.raises(NSDError, match="empty"):
         engine.encode([{"role": "user", "content": " "}])
+
+
+def test_models_report_the_nsd_defaults_under_the_option_names() -> None:
+    """/v1/models and /v1/models/{id} carry the server's defaults for every knob of the
+    request's ``nsd`` object, keyed as that object takes them (one definition, nsd.options)."""
+    from nsd import options as optspec
+
+    defaults = GenerationConfig(method="nsd", theta=0.7, budget=2.0, k=3)
+    with running_server(mock_engine(), ServerConfig(model_name="mock", defaults=defaults)) as (url, _):
+        listed = httpx.get(f"{url}/v1/models").json()["data"][0]
+        one = httpx.get(f"{url}/v1/models/{listed['id']}")
+        assert one.status_code == 200 and one.json() == listed
+        assert set(listed["nsd"]["defaults"]) == {*optspec.RULE, *optspec.DRAFT_LENGTH}
+        assert listed["nsd"]["defaults"]["theta"] == 0.7 and listed["nsd"]["defaults"]["k"] == 3
+        assert listed["nsd"]["defaults"]["cap"] is None  # unlimited: JSON has no infinity
+        missing = httpx.get(f"{url}/v1/models/not-this-one")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -155,6 +155,7 @@ def test_sigterm_finishes_running_request_and_refuses_queued() -> None:
     proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], env=env, stderr=subprocess.PIPE,
                             text=True)
     try:
+        assert "listening at http://" in proc.stderr.readline()  # while the model loads
         line = proc.stderr.readline()
         assert "nsd serve: mock at http://" in line, line
         url = line.split(" at ", 1)[1].strip()

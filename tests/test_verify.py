@@ -14,10 +14,12 @@ import torch
 
 from nsd.verify import (
     RuleConfig,
+    charge,
     nucleus_threshold,
     relaxation_weights,
     relaxed_set_mask,
     relaxed_set_stats,
+    typical_threshold,
     verify,
     verify_block,
 )
@@ -137,9 +139,9 @@ def test_budget_never_exceeded_on_any_path(smooth: bool) -> None:
         res = verify(rule, target, target[:, :k], draft, q,
                      torch.rand(b, k, generator=gen, dtype=torch.float64),
                      torch.rand(b, generator=gen, dtype=torch.float64), spent)
-        assert torch.allclose(res.spent, spent + res.deviation.sum(-1))
+        assert torch.equal(res.spent, charge(spent, res.deviation))
         spent = res.spent
-        assert torch.all(spent <= budget + 1e-12)
+        assert torch.all(spent <= budget)
     if smooth:  # the smooth variant spends the budget down to the last remainder
         assert torch.all(spent >= budget - 1e-9)
     assert spent.mean() > 0.5 * budget
@@ -217,7 +219,7 @@ def test_one_hot_shortcut_matches_full_mask_path() -> None:
     target = _random_dist(gen, b * k).float().view(b, k, V)
     draft = torch.randint(0, V, (b, k), generator=gen)
     one_hot = torch.nn.functional.one_hot(draft, V).float()
-    for rule in (RuleConfig(kind="nucleus", theta=0.8), RuleConfig(kind="typical", epsilon=0.2)):
+    for rule in (RuleConfig(kind="nucleus", theta=0.8), RuleConfig(kind="typical", typical_epsilon=0.2)):
         a_set, a_exc = relaxed_set_stats(rule, target, target, draft, None)
         b_set, b_exc = relaxed_set_stats(rule, target, target, draft, one_hot)
         assert torch.equal(a_set, b_set)
@@ -241,12 +243,80 @@ def test_nucleus_threshold_definition_and_fallback() -> None:
     assert not relaxed_set_mask(probs, RuleConfig(kind="nucleus", theta=0.0)).any()
 
 
+def _nucleus_by_definition(probs: torch.Tensor, theta: float) -> torch.Tensor:
+    """Reference membership, one row at a time: sort descending, keep the shortest prefix
+    whose mass reaches θ × the row's total, plus every token tied with the crossing one."""
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    for r, row in enumerate(probs):
+        values = row.sort(descending=True).values
+        reached = values.double().cumsum(0) >= theta * row.double().sum()
+        t = values[int(reached.to(torch.int8).argmax())]
+        mask[r] = (row >= t) & (row > 0)
+    return mask
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_nucleus_branches_agree_on_unnormalised_rows(device: str, monkeypatch) -> None:
+    # Rows with nuclei larger than the top-256 look take the full-sort branch: the host-sync
+    # one on CPU, the sync-free one on an accelerator. Both must measure θ against the row's
+    # own total, so unnormalised rows (totals 0.5 and 3, float32 rounding) keep the same
+    # nucleus whichever branch runs. Forced here on CPU tensors; natural on a GPU.
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import nsd.verify as verify_module
+
+    gen = torch.Generator().manual_seed(21)
+    v = 1000
+    flat = torch.softmax(0.3 * torch.randn(8, v, generator=gen), -1)  # nuclei of hundreds
+    peaked = torch.softmax(6.0 * torch.randn(8, v, generator=gen), -1)  # nuclei of a few
+    probs = torch.cat([flat, peaked])
+    probs = probs * torch.tensor([0.5, 3.0, 1.0, 0.7] * 4).unsqueeze(-1)
+    probs[::5, 600:] = 0.0  # zeros, as after top-k
+    theta = 0.9
+    expected = _nucleus_by_definition(probs, theta)
+    assert (expected[:8].sum(-1) > 256).all() and (expected[8:].sum(-1) < 256).all()
+    rule = RuleConfig(kind="nucleus", theta=theta)
+    masks = {}
+    original = verify_module._complete_short_rows
+    for host_sync in (True, False):
+        if device == "cpu":
+            monkeypatch.setattr(verify_module, "_complete_short_rows",
+                                lambda f, m, t, host_sync, forced=host_sync: original(f, m, t, forced))
+        masks[host_sync] = relaxed_set_mask(probs.to(device), rule).cpu()
+    assert torch.equal(masks[True], expected)
+    assert torch.equal(masks[False], expected)
+
+
 def test_typical_set() -> None:
     probs = torch.tensor([[0.7, 0.2, 0.09, 0.01]])
-    rule = RuleConfig(kind="typical", epsilon=0.3, typical_delta=0.09)
+    rule = RuleConfig(kind="typical", typical_epsilon=0.3, typical_delta=0.09)
     entropy = -(probs * probs.log()).sum()
     thr = min(0.3, 0.09 * math.exp(-entropy.item()))
     assert relaxed_set_mask(probs, rule).tolist() == [[p > thr for p in probs[0].tolist()]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_typical_set_on_half_precision_inputs_is_the_float32_one(dtype: torch.dtype) -> None:
+    # Half-precision target rows (as a half model's softmax gives them), with exact zeros
+    # (top-k) and underflowed tails. The same values in float32 define the reference set.
+    gen = torch.Generator().manual_seed(23)
+    rows, v = 64, 500
+    probs = torch.softmax(torch.cat([3.0 * torch.randn(rows // 2, v, generator=gen),
+                                     0.5 * torch.randn(rows // 2, v, generator=gen)]), -1)
+    probs[::4, 300:] = 0.0
+    probs = probs / probs.sum(-1, keepdim=True)
+    half = probs.to(dtype)
+    reference = half.float()  # exactly the half values
+    rule = RuleConfig(kind="typical")
+    expected = relaxed_set_mask(reference, rule)
+    assert expected.any(dim=-1).all()  # every row has a typical set (its top token at least)
+    assert torch.equal(typical_threshold(half, rule.epsilon, rule.typical_delta),
+                       typical_threshold(reference, rule.epsilon, rule.typical_delta))
+    assert torch.equal(relaxed_set_mask(half, rule), expected)
+    # The single-token test (one-hot q) sees the same set.
+    draft = torch.multinomial(reference, 1, generator=gen)  # [rows, 1]
+    in_set, _ = relaxed_set_stats(rule, half.unsqueeze(1), half.unsqueeze(1), draft, None)
+    assert torch.equal(in_set, expected.gather(-1, draft))
 
 
 def test_block_stops_at_first_rejection_and_charges_only_emitted_positions() -> None:
@@ -301,9 +371,9 @@ def test_budget_holds_under_exact_float_comparison(smooth: bool) -> None:
         assert torch.all((weights >= 0) & (weights <= 1))
         running = spent.clone()
         for t in range(k):  # the scan's own order: each charge fits what is left
-            charge = weights[:, t] * excess[:, t]
-            assert torch.all(charge <= (budget - running).clamp_min(0.0))
-            running = running + charge
+            step_charge = weights[:, t] * excess[:, t]
+            assert torch.all(step_charge <= (budget - running).clamp_min(0.0))
+            running = running + step_charge
             assert torch.all(running <= budget)
         # The block test adds the same charges to `spent`; every draft is accepted here
         # (p uniform over 2 tokens, one-hot q, u = 0), so every position is charged.

@@ -7,6 +7,7 @@ import json
 import torch
 
 from nsd.integrations.vllm.ledger import FidelityLedger, external_request_id
+from nsd.ragged import RaggedVerifyResult
 
 
 def step(ledger: FidelityLedger, step_no: int, rows: dict[str, int]) -> None:
@@ -45,6 +46,22 @@ def test_worker_notice_reports_when_no_scheduler_in_process(tmp_path) -> None:
     ledger.finish({"a-0a1b2c3d", "b-0a1b2c3d"})  # b never verified a draft: still one line
     by_id = {x["external_request_id"]: x for x in lines(report)}
     assert by_id["a"]["steps"] == 1 and by_id["b"]["steps"] == 0
+
+
+def test_ledger_charges_deviations_left_to_right_as_the_budget_scan_does() -> None:
+    # 0.159 spent, then a step charging 0.074 and 0.067: the scan's running total is
+    # (0.159 + 0.074) + 0.067 = 0.3 exactly, which B = 0.3 admits; adding the step's pairwise
+    # sum instead, 0.159 + (0.074 + 0.067), gives 0.30000000000000004.
+    ledger = FidelityLedger(log_requests=False)
+    for step_no, charges in enumerate([[0.159, 0.0], [0.074, 0.067]], start=1):
+        deviation = torch.tensor([charges], dtype=torch.float64)
+        out = torch.tensor([[7, 7, 7]], dtype=torch.int32)
+        result = RaggedVerifyResult(output_token_ids=out, num_accepted=torch.tensor([2]),
+                                    relaxed=torch.tensor([[True, True]]), deviation=deviation,
+                                    spent=torch.zeros(1, dtype=torch.float64))
+        ledger.record(["a"], [2], out, result, step=step_no)
+    d = ledger.spent(["a"], torch.device("cpu")).item()
+    assert d == (0.159 + 0.074) + 0.067 and d <= 0.3
 
 
 def test_external_request_id(monkeypatch) -> None:

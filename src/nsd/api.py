@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Sequence
 
+from nsd import options as optspec
 from nsd.backends.base import ModelBackend
 from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
@@ -28,35 +29,33 @@ from nsd.sampling import SamplingConfig
 from nsd.verify import RuleConfig
 from nsd.weights import DERIVED_FORMATS, check_weights, gguf_for
 
-METHODS = ("ar", "sd", "nsd", "typical")
-BACKENDS = ("auto", "llama", "hf")
+METHODS = optspec.METHODS
 CHAT_ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """How models are run. ``auto`` picks llama.cpp for GGUF files when it is installed
-    and the device is the CPU (the fastest CPU path measured), transformers otherwise."""
+    """How models are run (the ``backend`` options of :mod:`nsd.options`, where each is
+    defined with its default, choices and help). ``auto`` picks llama.cpp for GGUF files
+    when it is installed and the device is the CPU (the fastest CPU path measured),
+    transformers otherwise."""
 
-    backend: str = "auto"
-    dtype: str = "auto"  # transformers backend only; auto = bfloat16 on CUDA, float32 on CPU
-    threads: int | None = None
-    n_ctx: int = 4096  # llama.cpp context; length of the transformers backend's static KV cache
-    device: str = "auto"  # transformers backend: auto, cpu, cuda or cuda:N
-    compile: str = "none"  # transformers backend: graph short forwards: none, torch or cudagraph
-    # GGUF weight format: the file as given, a Q4_0/Q8_0 copy derived from it, or ``auto``:
-    # whichever of those has the cheapest measured step on this machine.
-    weights: str = "auto"
-    draft_weights: str | None = None  # None: same choice as ``weights``
+    backend: str = optspec.default("backend")
+    dtype: str = optspec.default("dtype")
+    threads: int | None = optspec.default("threads")
+    n_ctx: int = optspec.default("n_ctx")
+    device: str = optspec.default("device")
+    compile: str = optspec.default("compile")
+    weights: str = optspec.default("weights")
+    draft_weights: str | None = optspec.default("draft_weights")  # None: as ``weights``
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> BackendOptions:
+        """From any mapping holding some of the options (parsed flags, a JSON object)."""
+        return cls(**optspec.pick(values, optspec.BACKEND))
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise NSDError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.threads is not None and self.threads < 1:
-            raise NSDError(f"threads must be >= 1, got {self.threads}")
-        check_weights(self.weights)
-        if self.draft_weights is not None:
-            check_weights(self.draft_weights)
+        optspec.check_fields(self, optspec.BACKEND)
         from nsd.backends.hf import graph_mode, resolve_device, resolve_dtype
 
         resolve_dtype(self.dtype, resolve_device(self.device))  # fail before any model loads
@@ -65,31 +64,44 @@ class BackendOptions:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """User-level settings of one generation; turned into a :class:`DecodeConfig`."""
+    """User-level settings of one generation: the decoding rule and sampling options and
+    the draft-length options of :mod:`nsd.options` (defined there once, with default,
+    range and help), plus stop strings. Validated whole on construction; turned into a
+    :class:`DecodeConfig` for the loop."""
 
-    method: str = "nsd"
-    theta: float = 0.9
-    budget: float = math.inf
-    cap: float = math.inf
-    smooth: bool = False
-    typical_epsilon: float = 0.09  # Medusa's posterior_threshold
-    typical_delta: float = 0.3  # Medusa's posterior_alpha
-    k: int | str = "auto"  # drafts per block, or "auto": the cost model picks (0..k_max)
-    k_max: int = 8
-    adaptive_k: bool = False
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
+    method: str = optspec.default("method")
+    theta: float = optspec.default("theta")
+    budget: float = optspec.default("budget")
+    cap: float = optspec.default("cap")
+    smooth: bool = optspec.default("smooth")
+    typical_epsilon: float = optspec.default("typical_epsilon")  # Medusa's posterior_threshold
+    typical_delta: float = optspec.default("typical_delta")  # Medusa's posterior_alpha
+    k: int | str = optspec.default("k")  # drafts per block, or "auto": the cost model picks (0..k_max)
+    k_max: int = optspec.default("k_max")
+    adaptive_k: bool = optspec.default("adaptive_k")
+    max_new_tokens: int = optspec.default("max_new_tokens")
+    temperature: float = optspec.default("temperature")
+    top_k: int = optspec.default("top_k")
+    top_p: float = optspec.default("top_p")
+    min_p: float = optspec.default("min_p")
+    seed: int = optspec.default("seed")
     stop: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise NSDError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if isinstance(self.k, str) and self.k != "auto":
-            raise NSDError(f"draft length k must be a whole number >= 1 or 'auto', got {self.k!r}")
+        optspec.check_fields(self, optspec.DECODING)
+        optspec.check_fields(self, optspec.DRAFT_LENGTH)
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise NSDError(f"stop must be a sequence of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        self.decode_config()  # the combined checks (k_max >= k with adaptive k, ...)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> GenerationConfig:
+        """From any mapping holding some of the options (parsed flags, a JSON object)."""
+        picked = optspec.pick(values, [*optspec.DECODING, *optspec.DRAFT_LENGTH, "stop"])
+        if "stop" in picked:
+            picked["stop"] = tuple(picked["stop"] or ())
+        return cls(**{**picked, **overrides})
 
     @property
     def auto_k(self) -> bool:
@@ -97,10 +109,10 @@ class GenerationConfig:
         return self.k == "auto" and not self.adaptive_k
 
     def rule(self) -> RuleConfig:
-        kind = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}[self.method]
-        return RuleConfig(kind=kind, theta=self.theta, budget=self.budget, cap=self.cap,
-                          smooth=self.smooth, epsilon=self.typical_epsilon,
-                          typical_delta=self.typical_delta)
+        return RuleConfig.for_method(self.method, theta=self.theta, budget=self.budget,
+                                     cap=self.cap, smooth=self.smooth,
+                                     typical_epsilon=self.typical_epsilon,
+                                     typical_delta=self.typical_delta)
 
     def decode_config(self) -> DecodeConfig:
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -427,6 +439,9 @@ class Engine:
         return text
 
 
+_REPLACEMENT = "\ufffd"  # what a decoder renders a partial UTF-8 sequence as
+
+
 class _StopScanner:
     """``stop_check`` for :func:`decode`: does the generated text contain a stop string?
 
@@ -448,10 +463,13 @@ class _StopScanner:
         while True:
             lo = max(0, start - back)
             # Out of context a slice's first token can render differently (a dropped leading
-            # space, U+FFFD for a split UTF-8 sequence), so it does not count towards the
-            # `longest − 1` characters a straddling stop string needs; byte-piece tokens
-            # that decode to little make the margin grow.
-            if lo == 0 or len(self.tokenizer.decode(generated[lo + 1:start])) >= self.longest:
+            # space), so it does not count towards the `longest − 1` characters a straddling
+            # stop string needs; byte-piece tokens that decode to little make the margin grow.
+            # Nor do U+FFFD: a slice that starts or ends inside a UTF-8 sequence renders its
+            # stray bytes as one replacement character each, which are not characters of the
+            # text, and counting them lets the window start inside a stop string.
+            margin = self.tokenizer.decode(generated[lo + 1:start])
+            if lo == 0 or len(margin) - margin.count(_REPLACEMENT) >= self.longest:
                 break
             back *= 2
         text = self.tokenizer.decode(generated[lo:])

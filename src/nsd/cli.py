@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import Sequence
 
+from nsd.cli_args import add_decoding_args, add_model_args, backend_options, generation_config
 from nsd.errors import NSDError
 
 
@@ -24,99 +24,12 @@ def _float_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
-def _k_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number or 'auto': {text!r}") from None
-
-
-def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None:
-    p.add_argument("--target", required=need_target, default=None,
-                   help="target model: registry name (see `nsd models list`), .gguf file or HF folder")
-    p.add_argument("--draft", default=None, help="draft model (same tokenizer as the target)")
-    p.add_argument("--proposer", choices=["draft", "ngram"], default=None,
-                   help="where drafts come from (default: draft if --draft is given, else ngram)")
-    p.add_argument("--backend", choices=["auto", "llama", "hf"], default="auto",
-                   help="model engine: llama.cpp for GGUF (auto when installed) or transformers")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="weights dtype for the transformers backend (auto: bfloat16 on CUDA, "
-                        "float32 on CPU)")
-    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
-                   help="where the transformers backend runs (auto: CUDA when torch sees a GPU; "
-                        "then --backend auto picks transformers)")
-    p.add_argument("--compile", nargs="?", const="torch", default="none",
-                   choices=["none", "torch", "cudagraph"],
-                   help="transformers backend: graph the short forwards with torch.compile (CUDA "
-                        "graphs on CUDA), or capture plain CUDA graphs (cudagraph; CUDA only)")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="draft over a reduced vocabulary: the N most frequent tokens plus the "
-                        "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")
-    p.add_argument("--weights", choices=["auto", "original", "q4_0", "q8_0"], default="auto",
-                   help="GGUF weight format: the file as given, a Q4_0/Q8_0 copy derived from it "
-                        "once, or auto: the one with the cheapest step measured on this machine")
-    p.add_argument("--draft-weights", choices=["auto", "original", "q4_0", "q8_0"], default=None,
-                   help="weight format of the draft (default: as --weights)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-ctx", type=int, default=4096,
-                   help="context length (llama.cpp; the transformers backend's static KV cache)")
-
-
-def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
-    if with_method:
-        p.add_argument("--method", choices=["ar", "sd", "nsd", "typical"], default="nsd",
-                       help="ar: autoregressive; sd: exact speculative sampling; nsd: nucleus "
-                            "speculative decoding; typical: Medusa-style typical acceptance")
-    p.add_argument("--theta", type=_float_arg, default=0.9, help="NSD nucleus threshold θ in [0, 1]")
-    p.add_argument("--budget", type=_float_arg, default=math.inf,
-                   help="hard fidelity budget B: cap on the summed deviation D per sequence")
-    p.add_argument("--cap", type=_float_arg, default=math.inf,
-                   help="per-position cap δ: positions with E_t > δ are verified exactly")
-    p.add_argument("--smooth", action="store_true",
-                   help="spend the last remainder of the budget with a partial relaxation")
-    # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
-    p.add_argument("--typical-epsilon", type=_float_arg, default=0.09,
-                   help="typical acceptance ε: p(x) > min(ε, δ·exp(−H)) (default 0.09, as Medusa)")
-    p.add_argument("--typical-delta", type=_float_arg, default=0.3,
-                   help="typical acceptance δ (default 0.3, as Medusa)")
-    p.add_argument("-k", "--draft-length", dest="k", type=_k_arg, default="auto",
-                   help="draft tokens per block, or auto (default): before each block the cost "
-                        "model picks the k (0 = plain step) with the most expected tokens/s")
-    p.add_argument("--k-max", type=int, default=8, help="largest k for -k auto and --adaptive-k")
-    p.add_argument("--adaptive-k", action="store_true", help="grow/shrink k with acceptance")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=_float_arg, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables")
-    p.add_argument("--top-p", type=_float_arg, default=1.0, help="1 disables")
-    p.add_argument("--min-p", type=_float_arg, default=0.0, help="0 disables")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def generation_config(args: argparse.Namespace, method: str | None = None):
-    from nsd.api import GenerationConfig
-
-    cfg = GenerationConfig(
-        method=method or args.method, theta=args.theta, budget=args.budget, cap=args.cap,
-        smooth=args.smooth, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
-        k=args.k, k_max=args.k_max, adaptive_k=args.adaptive_k, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        seed=args.seed, stop=tuple(args.stop))
-    cfg.decode_config()  # validate every knob before any model is loaded
-    return cfg
-
-
 def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
-    from nsd.api import BackendOptions, Engine
+    from nsd.api import Engine
 
-    options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
-                             n_ctx=args.n_ctx, weights=args.weights, draft_weights=args.draft_weights,
-                             device=args.device, compile=args.compile)
     proposer = args.proposer if needs_proposer else ("draft" if args.draft else "ngram")
-    return Engine(args.target, draft=args.draft, proposer=proposer, options=options,
-                  draft_vocab=args.draft_vocab, k_max=getattr(args, "k_max", 8))
+    return Engine(args.target, draft=args.draft, proposer=proposer, options=backend_options(args),
+                  draft_vocab=args.draft_vocab, k_max=args.k_max)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

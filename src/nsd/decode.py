@@ -17,6 +17,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
+from nsd import options as optspec
 from nsd.backends.base import ModelBackend
 from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
@@ -40,7 +41,7 @@ class DecodeConfig:
     k: int = 4
     adaptive_k: bool = False
     auto_k: bool = False
-    k_max: int = 16
+    k_max: int = optspec.default("k_max")
     max_new_tokens: int = 128
     seed: int = 0
 
@@ -212,6 +213,7 @@ def decode(
                 torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
                 torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
                 spent,
+                greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
             )
             n_acc = int(result.num_accepted[0])
             new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]

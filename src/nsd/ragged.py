@@ -24,7 +24,8 @@ or an exhausted budget) the output is the engine's stock output bit for bit:
   ``(p − q)₊`` (``argmax (p − q)₊ / e`` with one ``e ~ Exp(1)`` vector per request), which
   is an exact draw from the normalised residual;
 - greedy requests verify against the target argmax, emit it on rejection, and relax
-  all-or-nothing (greedy decoding has no randomness for a partial relaxation).
+  all-or-nothing, as in the local decoder (:func:`nsd.verify.relaxation_weights`): a
+  partial relaxation at temperature 0 would make the output depend on the seed.
 
 Everything is vectorised over tokens and requests; nothing is read back to the host.
 """
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nsd.verify import RuleConfig, relaxation_weights, relaxed_acceptance, relaxed_set_stats
+from nsd.verify import RuleConfig, charge, relaxation_weights, relaxed_acceptance, relaxed_set_stats
 
 PLACEHOLDER_TOKEN_ID = -1  # the engine's marker for "no token in this slot"
 
@@ -161,8 +162,9 @@ def verify_ragged(
     exact = torch.where(greedy_tok, _pad(hit_argmax & real, index, False).double(),
                         _pad(exact_random, index, 0.0))
 
-    weights = relaxation_weights(rule, excess, spent)  # [B, K]
-    weights = torch.where(greedy_tok, (weights >= 1.0).double(), weights)  # all-or-nothing
+    # Greedy requests relax all-or-nothing, decided inside the budget scan itself (as on
+    # the local decoder's path), so the scan's running total is what is charged.
+    weights = relaxation_weights(rule, excess, spent, is_greedy.to(torch.bool))  # [B, K]
     accept_prob = relaxed_acceptance(exact, in_set, weights)
     if accept_uniforms is None:
         uniforms = torch.ones_like(accept_prob)  # every request greedy: never consulted
@@ -200,7 +202,8 @@ def verify_ragged(
         num_accepted=num_accepted,
         relaxed=relaxed & leading,
         deviation=deviation,
-        spent=spent + deviation.sum(dim=-1),
+        # Left to right, in the budget scan's order: a pairwise sum can round an ulp past B.
+        spent=charge(spent, deviation),
     )
 
 

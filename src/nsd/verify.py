@@ -32,8 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
+from nsd import options
 from nsd.errors import NSDError
 from nsd.sampling import sample_from
+
+RULE_KINDS = ("exact", "nucleus", "typical")
+_RULE_OF_METHOD = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 
 # Nucleus threshold search looks at this many top tokens first; only rows whose top mass
 # falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
@@ -60,24 +64,23 @@ class RuleConfig:
 
     kind: str = "exact"
     theta: float = 0.0
-    budget: float = math.inf
-    cap: float = math.inf
-    smooth: bool = False
-    # Medusa's defaults: ε = posterior_threshold = 0.09, δ = posterior_alpha = 0.3.
-    epsilon: float = 0.09
-    typical_delta: float = 0.3
+    budget: float = options.default("budget")
+    cap: float = options.default("cap")
+    smooth: bool = options.default("smooth")
+    typical_epsilon: float = options.default("typical_epsilon")
+    typical_delta: float = options.default("typical_delta")
 
     def __post_init__(self) -> None:
-        if self.kind not in ("exact", "nucleus", "typical"):
+        if self.kind not in RULE_KINDS:
             raise NSDError(f"unknown verification rule {self.kind!r}; use exact, nucleus or typical")
-        if not (0.0 <= self.theta <= 1.0):
-            raise NSDError(f"theta must be in [0, 1], got {self.theta}")
-        if math.isnan(self.budget) or self.budget < 0:
-            raise NSDError(f"budget must be >= 0 (inf for none), got {self.budget}")
-        if math.isnan(self.cap) or self.cap < 0:
-            raise NSDError(f"per-position cap must be >= 0, got {self.cap}")
-        if not (self.epsilon > 0 and self.typical_delta > 0):
-            raise NSDError("typical acceptance needs epsilon > 0 and delta > 0")
+        options.check_fields(self, options.DECODING)  # ranges are defined once, there
+
+    @classmethod
+    def for_method(cls, method: str, **knobs: float | bool) -> RuleConfig:
+        """The rule a user-level method (``ar``, ``sd``, ``nsd``, ``typical``) verifies with;
+        the one place that maps methods to rules."""
+        options.check("method", method)
+        return cls(kind=_RULE_OF_METHOD[method], **knobs)
 
     @property
     def relaxes(self) -> bool:
@@ -126,18 +129,31 @@ def nucleus_threshold(plaus_probs: torch.Tensor, theta: float) -> torch.Tensor:
         return positive.amin(dim=-1).reshape(shape)
     top = min(_NUCLEUS_TOPK, flat.shape[-1])
     values = torch.topk(flat, top, dim=-1).values  # [R, top], descending
-    totals = flat.double().sum(dim=-1, keepdim=True)  # [R, 1]
-    thresholds = _crossing_value(values, theta * totals)
+    target_mass = theta * flat.double().sum(dim=-1, keepdim=True)  # [R, 1]: θ × row total
+    thresholds = _crossing_value(values, target_mass)
+    return _complete_short_rows(flat, target_mass, thresholds,
+                                host_sync=flat.device.type == "cpu").reshape(shape)
+
+
+def _complete_short_rows(flat: torch.Tensor, target_mass: torch.Tensor, thresholds: torch.Tensor,
+                         host_sync: bool) -> torch.Tensor:
+    """Fill in the rows whose nucleus is larger than the top-k look (NaN in ``thresholds``).
+
+    flat: ``[R, V]``; target_mass: ``[R, 1]`` float64 θ × row total; thresholds: ``[R]``.
+    Both branches take the same ``target_mass``, so which one runs never changes the
+    nucleus (an absolute θ here once made unnormalised rows differ on accelerators).
+    """
     short = torch.isnan(thresholds)
-    if flat.device.type != "cpu":
+    if not host_sync:
         # On an accelerator, asking which rows fell short would stall on a host read; a
         # full sort of every row is cheaper than that stall.
         full = torch.sort(flat, dim=-1, descending=True).values
-        thresholds = torch.where(short, _crossing_value(full, theta, exhaustive=True), thresholds)
-    elif short.any():  # nucleus larger than `top`: pay for the full sort on those rows only
+        return torch.where(short, _crossing_value(full, target_mass, exhaustive=True), thresholds)
+    if short.any():  # pay for the full sort on the short rows only
         full = torch.sort(flat[short], dim=-1, descending=True).values
-        thresholds[short] = _crossing_value(full, theta * totals[short], exhaustive=True)
-    return thresholds.reshape(shape)
+        thresholds = thresholds.clone()
+        thresholds[short] = _crossing_value(full, target_mass[short], exhaustive=True)
+    return thresholds
 
 
 def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
@@ -162,9 +178,16 @@ def _crossing_value(sorted_desc: torch.Tensor, target_mass: torch.Tensor,
 
 
 def typical_threshold(plaus_probs: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
-    """Medusa's typical-acceptance threshold ``min(ε, δ·exp(−H(p̂)))`` per row ``[...]``."""
-    logp = torch.log(plaus_probs.clamp_min(1e-30))
-    entropy = -(plaus_probs * logp).sum(dim=-1)
+    """Medusa's typical-acceptance threshold ``min(ε, δ·exp(−H(p̂)))`` per row ``[...]``.
+
+    The entropy is computed in at least float32: in float16 the clamp's 1e-30 is 0, so a
+    zero probability gives ``0·log 0 = NaN``, the threshold NaN and an empty typical set
+    (silently the exact rule); bfloat16 keeps 8 bits of mantissa, too few for a sum over
+    the vocabulary. Half-precision inputs upcast exactly, so their set is the float32 one.
+    """
+    probs = plaus_probs if plaus_probs.dtype in (torch.float32, torch.float64) else plaus_probs.float()
+    logp = torch.log(probs.clamp_min(1e-30))
+    entropy = -(probs * logp).sum(dim=-1)
     return torch.clamp(delta * torch.exp(-entropy), max=epsilon)
 
 
@@ -174,7 +197,7 @@ def relaxed_set_mask(plaus_probs: torch.Tensor, rule: RuleConfig) -> torch.Tenso
         t = nucleus_threshold(plaus_probs, rule.theta).unsqueeze(-1)
         return (plaus_probs >= t) & (plaus_probs > 0)
     if rule.kind == "typical":
-        t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta).unsqueeze(-1)
+        t = typical_threshold(plaus_probs, rule.typical_epsilon, rule.typical_delta).unsqueeze(-1)
         return plaus_probs > t
     return torch.zeros_like(plaus_probs, dtype=torch.bool)
 
@@ -202,7 +225,7 @@ def relaxed_set_stats(
             p_hat_x = plaus_probs.gather(-1, tok).squeeze(-1)
             in_set = (p_hat_x >= t) & (p_hat_x > 0)
         else:
-            t = typical_threshold(plaus_probs, rule.epsilon, rule.typical_delta)
+            t = typical_threshold(plaus_probs, rule.typical_epsilon, rule.typical_delta)
             in_set = plaus_probs.gather(-1, tok).squeeze(-1) > t
         p_x = target_probs.gather(-1, tok).squeeze(-1).double()
         excess = torch.where(in_set, (1.0 - p_x).clamp_min(0.0), torch.zeros_like(p_x))
@@ -220,6 +243,7 @@ def relaxation_weights(
     rule: RuleConfig,
     excess: torch.Tensor,  # [B, k] float64 E_t
     spent: torch.Tensor,  # [B] float64 budget already spent by this sequence
+    greedy: torch.Tensor | bool = False,  # [B] bool (or one bool for all): temperature-0 rows
 ) -> torch.Tensor:
     """Relaxation weight ``λ_t ∈ [0, 1]`` per position ``[B, k]`` float64.
 
@@ -227,6 +251,11 @@ def relaxation_weights(
     positions up to the first rejection are, and those all precede it), charging
     ``λ_t·E_t``. Hard budget: ``λ_t = 1`` iff ``spent + E_t ≤ B`` (and ``E_t ≤ δ``), else 0.
     Smooth: a position the remainder cannot cover gets ``λ_t = remaining / E_t``.
+
+    Greedy rows relax all-or-nothing even when the rule is smooth. At temperature 0 a
+    relaxed accept costs ``E = 1`` and ``m`` is 0 or 1, so a partial ``λ`` would make the
+    accept a coin flip on the uniform, and a greedy output would depend on the seed. Every
+    caller (local decoder, ragged/vLLM path) passes its greedy rows here, so they agree.
     """
     if not rule.relaxes:
         return torch.zeros_like(excess)
@@ -235,13 +264,17 @@ def relaxation_weights(
         return allowed.double()
     weights = torch.zeros_like(excess)
     running = spent.clone()
+    if rule.smooth:
+        hard_rows = torch.as_tensor(greedy, dtype=torch.bool, device=excess.device)
+        hard_rows = hard_rows.expand(excess.shape[:-1])
     for t in range(excess.shape[-1]):
         e = excess[:, t]
         # Test the float sum itself, not e <= B − spent: the two round differently, and
         # "D ≤ B on every path" must hold for the number reported.
         fits = running + e <= rule.budget
         if rule.smooth:
-            lam = torch.where(fits, torch.ones_like(e), _partial_weight(rule.budget, running, e))
+            partial = torch.where(hard_rows, torch.zeros_like(e), _partial_weight(rule.budget, running, e))
+            lam = torch.where(fits, torch.ones_like(e), partial)
         else:
             lam = fits.double()
         lam = lam * allowed[:, t]
@@ -370,7 +403,9 @@ def charge(spent: torch.Tensor, deviation: torch.Tensor) -> torch.Tensor:
 
     The order is the budget scan's in :func:`relaxation_weights`, so the result is exactly
     the scan's running total at the last charged position and can never round above the
-    budget; a pairwise ``deviation.sum()`` could, by an ulp.
+    budget; a pairwise ``deviation.sum()`` could, by an ulp. This is the one way a deviation
+    is added to a sequence's total: every path (local decoder, ragged adapter, vLLM ledger)
+    charges through it, so ``D ≤ B`` holds for every number reported.
     """
     total = spent.clone()
     for t in range(deviation.shape[-1]):
@@ -387,12 +422,17 @@ def verify(
     accept_uniforms: torch.Tensor,  # [B, k] float64
     sample_uniforms: torch.Tensor,  # [B] float64
     spent: torch.Tensor | None = None,  # [B] float64
+    greedy: torch.Tensor | bool = False,  # [B] bool or one bool: temperature-0 rows
 ) -> VerifyResult:
-    """Relaxed set, budget policy and block test in one call."""
+    """Relaxed set, budget policy and block test in one call.
+
+    ``greedy`` marks rows decoded at temperature 0 (``p`` one-hot): the budget relaxes them
+    all-or-nothing (see :func:`relaxation_weights`).
+    """
     k = draft_tokens.shape[-1]
     if spent is None:
         spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64, device=draft_tokens.device)
     in_set, excess = relaxed_set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, draft_probs)
-    weights = relaxation_weights(rule, excess, spent)
+    weights = relaxation_weights(rule, excess, spent, greedy)
     return verify_block(target_probs, draft_tokens, draft_probs, in_set, excess, weights,
                         accept_uniforms, sample_uniforms, spent)

@@ -43,7 +43,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
                    kv_cache_memory_bytes=1 << 28, compilation_config={"mode": 0},  # eager: seconds to start, not minutes
                    speculative_config={"method": "draft_model", "model": str(DRAFT),
                                        "num_speculative_tokens": 4},
-                   additional_config={"nsd": {"rule": "nucleus", "theta": 0.9, "report": str(report)}})
+                   additional_config={"nsd": {"method": "nsd", "theta": 0.9, "report": str(report)}})
     assert ACTIVE.config is not None and ACTIVE.ledger is not None, "the nsd plugin did not load"
     return llm, report, ACTIVE.config
 

@@ -60,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                "--kv-cache-memory-bytes", str(1 << 28), "--compilation-config", '{"mode": 0}',
                "--speculative-config", json.dumps({"method": "draft_model", "model": str(DRAFT),
                                                    "num_speculative_tokens": 4}),
-               "--additional-config", json.dumps({"nsd": {"rule": "nucleus", "theta": 0.9,
+               "--additional-config", json.dumps({"nsd": {"method": "nsd", "theta": 0.9,
                                                           "budget": 2.0, "report": str(report)}})]
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

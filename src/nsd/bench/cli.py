@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 
+from nsd import options as optspec
+from nsd.cli_args import add_decoding_args, add_model_args, backend_options, generation_config
 from nsd.errors import NSDError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+BENCH_MAX_NEW_TOKENS = 256
 
 
 def _csv(text: str) -> list[str]:
@@ -40,10 +42,8 @@ def _int_k(text: str) -> int:
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    from nsd.cli import add_decoding_args, add_model_args
-
-    # "resolve": the shared model/decoding flags are reused, and the few that take a list
-    # here (--theta, --budget, --proposer) are redefined below, replacing the scalar ones.
+    # "resolve": the shared model flags are reused, and --proposer, which takes a list
+    # here, is redefined below. θ and B take lists too: one method per value.
     p = subparsers.add_parser(
         "bench", conflict_handler="resolve",
         help="benchmark AR, SD, NSD (and transformers' peers) on Spec-Bench, HumanEval, MT-Bench",
@@ -55,7 +55,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         f"with draft {DEFAULT_DRAFT})")
     p.add_argument("--draft", default=None,
                    help="draft model sharing the target's tokenizer (default: none for a custom target)")
-    add_decoding_args(p, with_method=False)
+    add_decoding_args(p, with_method=False, skip=("theta", "budget", "max_new_tokens"))
     data = p.add_argument_group("data")
     data.add_argument("--dataset", type=_csv, default=["humaneval"],
                       help="comma-separated: spec-bench, humaneval, mt-bench, or a .jsonl file "
@@ -76,18 +76,21 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid.add_argument("--ks", type=_csv, default=[],
                       help="draft lengths to compare, e.g. auto,2,4: each speculative method runs "
                            "once per k, labelled /k=… (default: just --draft-length)")
-    grid.add_argument("--theta", type=_csv_floats, default=[0.9],
-                      help="NSD nucleus thresholds θ, comma-separated (one nsd method each)")
+    grid.add_argument("--theta", type=_csv_floats, default=[optspec.default("theta")],
+                      help=f"{optspec.ALL['theta'].help}; comma-separated, one nsd method each "
+                           f"(default: {optspec.default('theta')})")
     grid.add_argument("--budget", type=_csv_floats, default=[],
-                      help="fidelity budgets B for nsd-budget, comma-separated")
+                      help=f"{optspec.ALL['budget'].help}; comma-separated, one nsd-budget method "
+                           "each")
     grid.add_argument("--budget-theta", type=float, default=None,
                       help="θ used by nsd-budget (default: the largest --theta)")
     grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
                       help="draft and/or ngram, comma-separated (default: draft if a draft model "
                            "is set, else ngram)")
-    grid.add_argument("--max-new-tokens", type=int, default=256,
-                      help="new tokens per generation (default 256; HumanEval usually stops "
-                           "earlier at its stop sequences)")
+    grid.add_argument("--max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS,
+                      help=f"new tokens per generation (default {BENCH_MAX_NEW_TOKENS}, longer than "
+                           "a plain generation's: HumanEval usually stops earlier at its stop "
+                           "sequences)")
     run = p.add_argument_group("run")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: results/<dataset>)")
     run.add_argument("--overwrite", action="store_true",
@@ -121,9 +124,7 @@ def _settings(args: argparse.Namespace, base) -> dict:
     of datasets, prompts and methods may change between resumed runs."""
     generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
     return {"target": args.target, "draft": args.draft,
-            "backend": args.backend, "dtype": args.dtype, "threads": args.threads, "n_ctx": args.n_ctx,
-            "weights": args.weights, "draft_weights": args.draft_weights,
-            "device": args.device, "compile": args.compile,
+            **dataclasses.asdict(backend_options(args)),
             "draft_vocab": args.draft_vocab,
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
             "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
@@ -136,7 +137,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from nsd.bench.report import write_report
     from nsd.bench.runner import RunConfig, collect, pending
     from nsd.bench.store import Journal
-    from nsd.cli import generation_config
 
     if args.target is None:  # the default pair; a custom target brings its own draft
         args.target = DEFAULT_TARGET
@@ -149,8 +149,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.draft and any(s.proposer == "draft" or s.family == "hf-assisted" for s in specs):
         raise NSDError("the draft proposer and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).
-    scalar = argparse.Namespace(**{**vars(args), "theta": 0.9, "budget": math.inf})
-    base = generation_config(scalar, method="ar")
+    base = generation_config(args, method="ar", theta=optspec.default("theta"),
+                             budget=optspec.default("budget"))
     if base.temperature > 0 and any(s.is_hf for s in specs):
         raise NSDError("the hf-* peers are greedy only; use --temperature 0 or drop them from --methods")
     config = RunConfig(methods=specs, generation=base, loglik=args.loglik, execute=args.execute,
@@ -212,11 +212,8 @@ def _runner(args: argparse.Namespace, config, journal):
 def _engine(args: argparse.Namespace, draft: bool):
     """Our engine. The draft model is loaded only when a method drafts with it; an Engine
     switches between it and n-gram lookup per call."""
-    from nsd.api import BackendOptions, Engine
+    from nsd.api import Engine
 
-    options = BackendOptions(backend=args.backend, dtype=args.dtype, threads=args.threads,
-                             n_ctx=args.n_ctx, device=args.device, compile=args.compile,
-                             weights=args.weights, draft_weights=args.draft_weights)
     return Engine(args.target, draft=args.draft if draft else None,
-                  proposer="draft" if draft else "ngram", options=options,
+                  proposer="draft" if draft else "ngram", options=backend_options(args),
                   draft_vocab=args.draft_vocab if draft else None, k_max=args.k_max)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
 
@@ -91,18 +92,17 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
     if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):
         raise NSDError("speculative methods need a proposer (--proposers draft,ngram)")
     for theta in thetas:
-        if not 0.0 <= theta <= 1.0:
-            raise NSDError(f"theta must be in [0, 1], got {theta}")
+        optspec.check("theta", theta)
     if "nsd" in families and not thetas:
         raise NSDError("nsd needs at least one --theta")
     if "nsd-budget" in families:
         if not budgets:
             raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
         for b in budgets:
-            if not (b >= 0 and math.isfinite(b)):
-                raise NSDError(f"nsd-budget budgets must be finite and >= 0, got {b}")
+            if not math.isfinite(optspec.check("budget", b)):
+                raise NSDError(f"nsd-budget budgets must be finite, got {b}")
     # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
-    theta_b = budget_theta if budget_theta is not None else max(thetas, default=0.9)
+    theta_b = budget_theta if budget_theta is not None else max(thetas, default=optspec.default("theta"))
     for k in ks:
         if not (k == "auto" or (isinstance(k, int) and k >= 1)):
             raise NSDError(f"draft lengths must be whole numbers >= 1 or auto, got {k!r}")

@@ -3,7 +3,11 @@
 A generation request is validated and tokenised on the event loop side (tokenising in a
 thread pool), admitted to the worker's bounded FIFO queue or refused with 429, and then
 answered from the events the worker hands back: as one JSON body, or as server-sent events
-in OpenAI's chunk format ending with ``data: [DONE]``. No path returns a traceback.
+in OpenAI's chunk format ending with ``data: [DONE]``. No path returns a traceback, and no
+error costs the client its keep-alive connection.
+
+The engine may be loaded after the app starts (``load_engine``): the server then listens at
+once, answering ``/health`` 503 ``loading`` and every other route 503 until it is ready.
 """
 
 from __future__ import annotations
@@ -12,46 +16,89 @@ import asyncio
 import dataclasses
 import hmac
 import logging
+import math
+import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nsd import options as optspec
 from nsd.api import GenerationResult
 from nsd.errors import NSDError
 from nsd.serve.config import ServerConfig
 from nsd.serve.metrics import ServeMetrics
 from nsd.serve.protocol import (ApiError, ChatRequest, CompletionRequest, ResponseBuilder,
-                                finish_reason, generation_config, parse_request, sse, usage)
+                                finish_reason, generation_config, parse_request, sse)
 from nsd.serve.worker import DecodeWorker, Job, QueueFull, ShuttingDown
 
 log = logging.getLogger("nsd.serve")
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 OPEN_PATHS = ("/health",)  # liveness probes need no key
+LOADING_PATHS = ("/health", "/metrics")  # answered while the model loads; the rest get 503
+LOADING_RETRY_AFTER_S = 5
 
 
-def create_app(engine: Any, config: ServerConfig) -> FastAPI:
+class _Model:
+    """The engine, or where its background load stands (``engine`` None while loading)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.error: BaseException | None = None
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.engine is not None else ("failed" if self.error else "loading")
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no infinity: an unlimited budget or cap is reported as null."""
+    return None if isinstance(value, float) and math.isinf(value) else value
+
+
+def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any] | None = None,
+               on_loaded: Callable[[BaseException | None], None] | None = None) -> FastAPI:
     """The app for ``engine`` (an :class:`nsd.api.Engine` or anything with its ``encode``,
     ``stream`` and ``context_length``). The worker thread lives as long as the app's
-    lifespan: started at startup, stopped (running job cancelled) at shutdown."""
+    lifespan: started at startup, stopped (running job cancelled) at shutdown.
+
+    With ``engine`` None, ``load_engine`` is called on a thread of its own at startup, so
+    the server answers (503) while a model of a minute's load comes up; ``on_loaded`` is
+    then called on the event loop with None, or with the exception the load raised."""
+    if (engine is None) == (load_engine is None):
+        raise ValueError("give either an engine or a function that loads one")
+    model = _Model(engine)
     worker = DecodeWorker(engine, config.queue_size)
     metrics = ServeMetrics(lambda: worker.depth)
     started = int(time.time())
 
+    def loaded(result: Any, error: BaseException | None) -> None:
+        model.engine, model.error = result, error
+        if error is None and not worker.closing:  # a signal during the load: never start
+            worker.start(result)
+        if on_loaded is not None:
+            on_loaded(error)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        worker.start()
+        if load_engine is None:
+            worker.start()
+        else:
+            _load_in_background(load_engine, loaded, asyncio.get_running_loop())
         yield
         await asyncio.to_thread(worker.stop, config.shutdown_timeout_s)
 
     app = FastAPI(title="nsd", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker, app.state.metrics, app.state.config = worker, metrics, config
-    app.add_middleware(ApiMiddleware, api_key=config.api_key, metrics=metrics)
+    app.state.model = model
+    app.add_middleware(ApiMiddleware, api_key=config.api_key, metrics=metrics,
+                       ready=lambda: model.engine is not None)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -63,26 +110,38 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         return JSONResponse(ApiError(exc.status_code, str(exc.detail), code=code).body(),
                             status_code=exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")  # the details go to the log, never to the client
-        return JSONResponse(ApiError(500, "internal server error", type_="server_error").body(),
-                            status_code=500)
+    # Unexpected exceptions are answered by ApiMiddleware: a handler registered here for
+    # Exception would answer but then re-raise, and uvicorn drops the connection for it.
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {"status": "shutting_down" if worker.closing else "ok", "model": config.model_name,
-                "busy": worker.busy, "queue_depth": worker.depth}
-        return JSONResponse(body, status_code=503 if worker.closing else 200)
+        status = "shutting_down" if worker.closing else model.status
+        body = {"status": status, "model": config.model_name, "busy": worker.busy,
+                "queue_depth": worker.depth}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        # What a request gets for every ``nsd`` knob it leaves out: the server's settings,
+        # keyed by the same option names the request's ``nsd`` object takes.
+        defaults = {name: _json_number(getattr(config.defaults, name))
+                    for name in (*optspec.RULE, *optspec.DRAFT_LENGTH)}
+        return {"id": config.model_name, "object": "model", "created": started, "owned_by": "nsd",
+                "nsd": {"defaults": defaults}}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": config.model_name, "object": "model", "created": started, "owned_by": "nsd"}]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str) -> JSONResponse:
+        if model_id != config.model_name:
+            raise ApiError(404, f"model {model_id!r} is not served here (this server has "
+                           f"{config.model_name!r})", param="model", code="model_not_found")
+        return JSONResponse(model_card())
 
     async def generate(request: Request, chat: bool) -> Response:
         arrived = time.perf_counter()
@@ -94,6 +153,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         # Validate every knob before tokenising; the token budget is fixed afterwards.
         gen_config = generation_config(req, config.defaults,
                                        req.requested_tokens or config.defaults.max_new_tokens)
+        engine = model.engine
         prompt_ids = await _encode(engine, req)
         gen_config = dataclasses.replace(gen_config, max_new_tokens=_max_new_tokens(
             req, len(prompt_ids), getattr(engine, "context_length", None),
@@ -111,7 +171,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
             raise ApiError(503, "the server is shutting down", code="shutting_down",
                            type_="server_error") from None
         run = _Run(job, worker, metrics, arrived, arrived + config.request_timeout_s)
-        builder = ResponseBuilder(config.model_name, chat)
+        builder = ResponseBuilder(config.model_name, chat, gen_config)
         if req.stream:
             return StreamingResponse(_stream(run, builder, req.include_usage),
                                      media_type="text/event-stream",
@@ -141,6 +201,25 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
         return await generate(request, chat=True)
 
     return app
+
+
+def _load_in_background(load_engine: Callable[[], Any],
+                        loaded: Callable[[Any, BaseException | None], None],
+                        loop: asyncio.AbstractEventLoop) -> None:
+    """Run ``load_engine`` on a daemon thread (a shutdown need not wait for a half-loaded
+    model) and hand its result, or its exception, to ``loaded`` on the loop."""
+
+    def run() -> None:
+        try:
+            result, error = load_engine(), None
+        except BaseException as exc:  # reported to the server, which exits with it
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(loaded, result, error)
+        except RuntimeError:  # the loop is closed: the server stopped during the load
+            pass
+
+    threading.Thread(target=run, name="nsd-load", daemon=True).start()
 
 
 class _Run:
@@ -203,7 +282,8 @@ class _Run:
     def _finish(self, result: GenerationResult, now: float) -> None:
         started = self.started if self.started is not None else now
         ttft = None if self.first_text is None else self.first_text - self.arrived
-        self.metrics.observe(result, ttft, started - self.arrived, now - self.arrived)
+        self.metrics.observe(result, self.job.config.method, ttft, started - self.arrived,
+                             now - self.arrived)
         self._close()
 
     def _close(self) -> None:
@@ -222,12 +302,16 @@ async def _stream(run: _Run, builder: ResponseBuilder, include_usage: bool) -> A
             except ApiError as exc:  # headers are gone: report in-band, then end the stream
                 yield sse(exc.body())
                 break
+            except Exception:  # the same for a bug, so the stream still ends well-formed
+                log.exception("unexpected error in a stream")
+                yield sse(ApiError(500, "internal server error", type_="server_error").body())
+                break
             if kind == "chunk":
                 yield sse(builder.chunk(text=payload))
             elif kind == "done":
                 yield sse(builder.chunk(finish=finish_reason(payload)))
                 if include_usage:
-                    yield sse(builder.chunk(usage_body=usage(payload)))
+                    yield sse(builder.chunk(usage_body=builder.usage(payload)))
                 break
         yield sse("[DONE]")
     finally:
@@ -294,11 +378,18 @@ async def _client_gone(request: Request) -> None:
 
 class ApiMiddleware:
     """Bearer-key check before anything else (a wrong key learns nothing, not even which
-    paths exist) and a request count per endpoint and status."""
+    paths exist), 503 while the model loads, a request count per endpoint and status, and
+    the answer to any unexpected exception: a 500 error object, never a traceback.
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServeMetrics) -> None:
-        self.app, self.metrics = app, metrics
-        self.key = None if api_key is None else f"Bearer {api_key}".encode()
+    It sits inside Starlette's ServerErrorMiddleware, so no exception reaches that one, which
+    would re-raise it to uvicorn after answering, and uvicorn then drops the connection
+    without a ``Connection: close``; here the 500 is an ordinary response and the
+    keep-alive connection stays usable."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServeMetrics,
+                 ready: Callable[[], bool] = lambda: True) -> None:
+        self.app, self.metrics, self.ready = app, metrics, ready
+        self.key = None if api_key is None else api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -315,15 +406,35 @@ class ApiMiddleware:
 
         try:
             if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope):
-                error = ApiError(401, "invalid or missing API key", code="invalid_api_key")
-                response = JSONResponse(error.body(), status_code=401,
-                                        headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, counting_send)
+                error = ApiError(401, "invalid or missing API key", code="invalid_api_key",
+                                 headers={"WWW-Authenticate": "Bearer"})
+                await _send_error(error, scope, receive, counting_send)
+            elif not self.ready() and path not in LOADING_PATHS:
+                error = ApiError(503, "the model is still loading; retry shortly",
+                                 code="model_loading", type_="server_error",
+                                 headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+                await _send_error(error, scope, receive, counting_send)
             else:
                 await self.app(scope, receive, counting_send)
+        except ClientDisconnect:  # gone while sending its body: nobody to answer
+            pass
+        except Exception:
+            log.exception("unexpected error")  # the details go to the log, never to the client
+            if status[0]:  # the response has begun: it cannot become a 500 any more
+                raise
+            error = ApiError(500, "internal server error", type_="server_error")
+            await _send_error(error, scope, receive, counting_send)
         finally:
+            # No status sent: the client left before its answer (nginx's 499).
             self.metrics.requests.labels(endpoint, str(status[0] or 499)).inc()
 
     def _authorized(self, scope: Scope) -> bool:
+        # "Bearer" is an auth-scheme, and RFC 7235 makes those case-insensitive.
         given = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.key)
+        scheme, _, token = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self.key)
+
+
+async def _send_error(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    await response(scope, receive, send)

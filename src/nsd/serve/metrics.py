@@ -66,10 +66,12 @@ class ServeMetrics:
         self._attempts: dict[int, float] = {}
         self._accepts: dict[int, float] = {}
 
-    def observe(self, result: GenerationResult, ttft_s: float | None, queue_s: float,
-                duration_s: float) -> None:
+    def observe(self, result: GenerationResult, method: str, ttft_s: float | None,
+                queue_s: float, duration_s: float) -> None:
+        """Count one finished generation under ``method``, the method the request asked
+        for (as its usage reports it), not the one the library names after the fact."""
         stats = result.stats
-        m = stats.method
+        m = method
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.completion_tokens.labels(m).inc(stats.new_tokens)
         if ttft_s is not None:

@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
+                      field_validator)
 
+from nsd import options as optspec
 from nsd.api import GenerationConfig, GenerationResult
 from nsd.errors import NSDError
+
+
+# A JSON escape of half a UTF-16 pair ("\ud800") decodes to a lone surrogate, which is no
+# Unicode character: tokenizers and UTF-8 encoders raise on it.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+TOOLS_UNSUPPORTED = "nsd serve does not implement tool calling"
 
 
 class ApiError(Exception):
@@ -36,30 +47,27 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
-class NsdOptions(BaseModel):
-    """The ``nsd`` extra body field; anything left out takes the server's flag."""
+def _nsd_field(name: str) -> tuple[Any, Any]:
+    option = optspec.ALL[name]
+    return Any, Field(None, description=f"{option.help} ({option.range_text()}; default: the server's "
+                                        f"{option.flag})")
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    method: Literal["ar", "sd", "nsd", "typical"] | None = None
-    theta: float | None = Field(None, ge=0.0, le=1.0)
-    budget: float | None = Field(None, ge=0.0)
-    cap: float | None = Field(None, ge=0.0)
-    smooth: bool | None = None
-    k: Any = None  # an int >= 1, or "auto": the cost model picks k before each block
-    k_max: int | None = Field(None, ge=1)  # largest k for "auto" and adaptive_k
-    adaptive_k: bool | None = None
-    typical_epsilon: float | None = Field(None, ge=0.0)
-    typical_delta: float | None = Field(None, ge=0.0)
+def _check_option(cls: type, value: Any, info: ValidationInfo) -> Any:
+    try:
+        return optspec.check(info.field_name, value)
+    except NSDError as err:  # "theta must be ..." -> "must be ...": the field is named anyway
+        raise ValueError(str(err).removeprefix(f"{info.field_name} ")) from None
 
-    @field_validator("k", mode="before")
-    @classmethod
-    def _check_k(cls, value: Any) -> Any:
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError('must be an integer >= 1 or "auto"')
-        return value
+
+# The ``nsd`` extra body field: the rule and draft-length options of nsd.options, with the
+# names, ranges and help defined there; anything left out takes the server's flag.
+NsdOptions = create_model(
+    "NsdOptions",
+    __config__=ConfigDict(extra="forbid"),
+    __validators__={"check_option": field_validator("*", mode="before")(classmethod(_check_option))},
+    **{name: _nsd_field(name) for name in (*optspec.RULE, *optspec.DRAFT_LENGTH)},
+)
 
 
 class StreamOptions(BaseModel):
@@ -73,16 +81,18 @@ class _GenerationRequest(BaseModel):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # not OpenAI's, but widely sent as an extra field
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     stop: Any = None
     seed: int | None = None
     n: int | None = None
+    tools: Any = None
+    functions: Any = None  # tools' deprecated predecessor
     stream: bool = False
     stream_options: StreamOptions | None = None
-    nsd: NsdOptions | None = None
+    nsd: NsdOptions | None = None  # type: ignore[valid-type]
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -94,6 +104,18 @@ class _GenerationRequest(BaseModel):
         if isinstance(value, list) and all(isinstance(s, str) for s in value):
             return tuple(value)
         raise ValueError("must be a string or a list of strings")
+
+    # The sampling fields are nsd's options under OpenAI's names: checked by their specs.
+    _check_sampling = field_validator("temperature", "top_p", "top_k", "min_p", "seed",
+                                      mode="before")(classmethod(_check_option))
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _check_tools(cls, value: Any) -> None:
+        # An empty list asks for nothing; anything else would be silently ignored otherwise.
+        if value:
+            raise ValueError(f"tools are not supported ({TOOLS_UNSUPPORTED})")
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -127,22 +149,48 @@ class CompletionRequest(_GenerationRequest):
         raise ValueError("must be a string or a list of token ids")
 
 
+TOOL_ROLES = ("tool", "function")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     # OpenAI's newer "developer" role plays the system role.
     role: Literal["system", "developer", "user", "assistant"]
-    content: Any
+    content: Any = Field(None, validate_default=True)  # may be left out by an assistant turn
+    tool_calls: Any = None
+    function_call: Any = None  # tool_calls' deprecated predecessor
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _check_role(cls, value: Any) -> Any:
+        # Without this, a tool result would only hear that its role is not in the list.
+        if value in TOOL_ROLES:
+            raise ValueError(f"role {value!r} is not supported ({TOOLS_UNSUPPORTED})")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
-    def _check_content(cls, value: Any) -> str:
+    def _check_content(cls, value: Any, info: ValidationInfo) -> str:
         if isinstance(value, str):
             return value
+        if value is None and info.data.get("role") == "assistant":
+            # OpenAI lets an assistant turn leave content out or null (it then carries tool
+            # calls, refused below); as a turn of the conversation it is an empty one.
+            return ""
         if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                            and isinstance(p.get("text"), str) for p in value):
             return "".join(p["text"] for p in value)
+        if value is None:
+            raise ValueError("this field is required (a string or a list of text parts)")
         raise ValueError("must be a string or a list of text parts")
+
+    @field_validator("tool_calls", "function_call")
+    @classmethod
+    def _check_tool_calls(cls, value: Any) -> None:
+        if value:
+            raise ValueError(f"tool calls are not supported ({TOOLS_UNSUPPORTED})")
+        return None
 
     def as_dict(self) -> dict[str, str]:
         return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
@@ -162,8 +210,13 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise ApiError(400, "the request body nests arrays or objects too deeply",
+                       code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):  # cheap test first: only an escape can make one
+        _refuse_surrogates(body)
     try:
         request = model.model_validate(body)
     except ValidationError as exc:
@@ -180,6 +233,26 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         raise ApiError(400, f"n: only n = 1 is supported (one sequence per request), got {request.n}",
                        param="n", code="invalid_value")
     return request
+
+
+def _refuse_surrogates(body: Any) -> None:
+    """Raise a 400 naming a string (or key) holding a lone UTF-16 surrogate."""
+    # Iterative: the body may nest as deeply as the JSON decoder allowed.
+    todo: list[tuple[tuple[Any, ...], Any]] = [((), body)]
+    while todo:
+        loc, value = todo.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                param = _param_name(loc)
+                where = f"{param}: " if param else ""
+                raise ApiError(400, f"{where}the text holds a lone UTF-16 surrogate (an unpaired "
+                               "\\ud800-\\udfff escape), which is not valid Unicode",
+                               param=param, code="invalid_value")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                todo.extend([(loc, key), ((*loc, key), item)])
+        elif isinstance(value, list):
+            todo.extend(((*loc, i), item) for i, item in enumerate(value))
 
 
 def _param_name(loc: tuple[Any, ...]) -> str | None:
@@ -201,8 +274,7 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     if request.nsd is not None:
         overrides.update(request.nsd.model_dump(exclude_none=True))
     try:
-        config = dataclasses.replace(defaults, **overrides)
-        config.decode_config()  # raises on any knob the library refuses
+        config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
     except (NSDError, TypeError, ValueError) as exc:
         message = str(exc)
         # Name the field the library's message mentions first ("k_max (3) must be >= k (6)").
@@ -220,17 +292,36 @@ def finish_reason(result: GenerationResult) -> str:
     return "length" if result.stats.stop_reason == "length" else "stop"
 
 
-def usage(result: GenerationResult) -> dict[str, Any]:
+def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
     stats = result.stats
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens, "nsd": stats.to_dict()}
+            "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
+
+
+def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
+    """The method as requested, with the knobs that shape it, and the method that ran.
+
+    The library names a run by what it did: a rule that cannot relax (θ = 0, budget 0,
+    cap 0) verifies exactly, so it is ``sd``. A client that asked for ``nsd`` with budget 0
+    would then read ``sd`` back and not know why; it gets ``method: nsd`` (as asked, and the
+    label of its metrics), ``budget: 0`` and ``effective_method: sd``.
+    """
+    out: dict[str, Any] = {"method": config.method, "effective_method": effective}
+    if config.method == "nsd":
+        out["theta"] = config.theta
+    if config.method in ("nsd", "typical"):
+        # JSON has no infinity: an unlimited budget or cap is null.
+        out["budget"] = None if math.isinf(config.budget) else config.budget
+        out["cap"] = None if math.isinf(config.cap) else config.cap
+    return out
 
 
 class ResponseBuilder:
     """Bodies of one response (whole or streamed) in OpenAI's shapes."""
 
-    def __init__(self, model: str, chat: bool) -> None:
-        self.model, self.chat = model, chat
+    def __init__(self, model: str, chat: bool, config: GenerationConfig) -> None:
+        self.model, self.chat, self.config = model, chat, config
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
@@ -246,7 +337,10 @@ class ResponseBuilder:
             choice = {"index": 0, "text": result.text, "logprobs": None,
                       "finish_reason": finish_reason(result)}
             body = self._base("text_completion")
-        return {**body, "choices": [choice], "usage": usage(result)}
+        return {**body, "choices": [choice], "usage": self.usage(result)}
+
+    def usage(self, result: GenerationResult) -> dict[str, Any]:
+        return usage(result, self.config)
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               usage_body: dict[str, Any] | None = None) -> dict[str, Any]:

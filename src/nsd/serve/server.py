@@ -1,10 +1,13 @@
-"""Running the app under uvicorn: bind first, then load the model, then serve until a signal.
+"""Running the app under uvicorn: bind, listen while the model loads (``/health`` answers
+503 ``loading``), then serve until a signal.
 
 Shutdown on SIGINT/SIGTERM: the worker at once stops admitting requests and answers the
-queued ones 503; the request being decoded runs to completion while uvicorn waits up to
-``shutdown_timeout_s`` for open connections; past that uvicorn cancels the remaining
-response tasks, which cancels the running generation at its next block. Streams always end
-with an error event or ``data: [DONE]``, never mid-object. A second SIGINT forces exit.
+queued ones 503; the request being decoded may run to completion within
+``shutdown_timeout_s``; past that it is cancelled at its next block and answered like any
+stopped request: a 503 error object, or in a stream an error event and ``data: [DONE]``.
+Streams thus end well-formed, never mid-body. uvicorn's own grace is longer (by
+``BACKSTOP_S``) and only cuts connections a stuck generation never released. A second
+SIGINT forces exit.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from nsd.errors import NSDError
 from nsd.serve.app import create_app
 from nsd.serve.config import ServerConfig
 from nsd.serve.worker import DecodeWorker
+
+# uvicorn cancels whatever is still open this long after the shutdown timeout: enough for a
+# cancelled generation to reach its next block and write its last event, even on a CPU.
+BACKSTOP_S = 10
 
 
 def default_model_name(target: str) -> str:
@@ -51,9 +58,9 @@ class _Server(uvicorn.Server):
     """uvicorn's server, telling the worker about the first exit signal right away (uvicorn
     alone would only stop the app after every open connection has finished)."""
 
-    def __init__(self, config: uvicorn.Config, worker: DecodeWorker) -> None:
+    def __init__(self, config: uvicorn.Config, worker: DecodeWorker, grace_s: float) -> None:
         super().__init__(config)
-        self._worker = worker
+        self._worker, self._grace_s = worker, grace_s
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -77,22 +84,42 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Runs as a signal handler: hand the work to the loop instead of taking locks here.
         if self._loop is not None and not self.should_exit:
-            self._loop.call_soon_threadsafe(self._worker.begin_shutdown)
+            self._loop.call_soon_threadsafe(self._begin_shutdown)
         super().handle_exit(sig, frame)
+
+    def _begin_shutdown(self) -> None:
+        self._worker.begin_shutdown()
+        assert self._loop is not None
+        # Cancelled rather than cut by uvicorn, the running request gets its error answer.
+        self._loop.call_later(self._grace_s, self._worker.cancel_running, "shutdown")
 
 
 def run_server(config: ServerConfig, load_engine: Callable[[], Any], log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM. ``load_engine`` is called once, after the port is bound."""
+    """Serve until SIGINT/SIGTERM. ``load_engine`` is called once, on a thread of its own
+    after the server listens; what it raises ends the server and is raised here."""
     sock = bind_socket(config.host, config.port)
-    try:
-        engine = load_engine()
-        app = create_app(engine, config)
-        logging.getLogger("nsd.serve").setLevel(log_level.upper())
-        uv_config = uvicorn.Config(app, log_level=log_level, lifespan="on",
-                                   timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s))
-        server = _Server(uv_config, app.state.worker)
-        host, port = sock.getsockname()[:2]
+    host, port = sock.getsockname()[:2]
+    server: _Server | None = None
+
+    def loaded(error: BaseException | None) -> None:
+        assert server is not None
+        if error is not None:
+            server.should_exit = True
+            return
+        # Printed once requests are served: scripts wait for this line and read the address.
         print(f"nsd serve: {config.model_name} at http://{host}:{port}", file=sys.stderr, flush=True)
+
+    try:
+        app = create_app(None, config, load_engine=load_engine, on_loaded=loaded)
+        logging.getLogger("nsd.serve").setLevel(log_level.upper())
+        uv_config = uvicorn.Config(
+            app, log_level=log_level, lifespan="on",
+            timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s) + BACKSTOP_S)
+        server = _Server(uv_config, app.state.worker, config.shutdown_timeout_s)
+        print(f"nsd serve (loading {config.model_name}): listening at http://{host}:{port}, "
+              "503 until the model is loaded", file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     finally:
         sock.close()
+    if app.state.model.error is not None:
+        raise app.state.model.error

@@ -74,7 +74,7 @@ class Job:
 class DecodeWorker:
     """Runs jobs one at a time on its own thread; at most ``capacity`` wait behind it."""
 
-    def __init__(self, engine: StreamingEngine, capacity: int) -> None:
+    def __init__(self, engine: StreamingEngine | None, capacity: int) -> None:
         self._engine = engine
         self._capacity = capacity
         self._pending: deque[Job] = deque()
@@ -85,7 +85,12 @@ class DecodeWorker:
         self._thread = threading.Thread(target=self._run, name="nsd-decode", daemon=True)
 
     # ------------------------------------------------------------------ loop-side API
-    def start(self) -> None:
+    def start(self, engine: StreamingEngine | None = None) -> None:
+        """Start decoding; ``engine`` is given here when it was loaded after construction."""
+        if engine is not None:
+            self._engine = engine
+        if self._engine is None:
+            raise RuntimeError("the worker has no engine to run")
         self._thread.start()
 
     @property
@@ -132,13 +137,18 @@ class DecodeWorker:
             job.cancel("shutdown")
             job.emit("cancelled", "shutdown")
 
+    def cancel_running(self, reason: str) -> None:
+        """Cancel the job being decoded (at its next block), if any."""
+        running = self._running
+        if running is not None:
+            running.cancel(reason)
+
     def stop(self, timeout_s: float) -> None:
         """Shut down, cancel the running job at its next block, and join the thread."""
         self.begin_shutdown()
-        running = self._running
-        if running is not None:
-            running.cancel("shutdown")
-        self._thread.join(timeout_s)
+        self.cancel_running("shutdown")
+        if self._thread.ident is not None:  # never started when the model did not load
+            self._thread.join(timeout_s)
 
     # ------------------------------------------------------------------ thread side
     def _run(self) -> None:
@@ -161,6 +171,7 @@ class DecodeWorker:
             job.emit("cancelled", job.cancel_reason)
             return
         job.emit("start")
+        assert self._engine is not None  # start() saw to it
         try:
             stream = self._engine.stream(job.prompt_ids, job.config)
             while True:

@@ -1,9 +1,15 @@
 """Reading and checking the ``nsd`` section of vLLM's ``--additional-config``.
 
-``--additional-config '{"nsd": {"rule": "nucleus", "theta": 0.9, "budget": 2.0}}'`` turns
+``--additional-config '{"nsd": {"method": "nsd", "theta": 0.9, "budget": 2.0}}'`` turns
 NSD on; without an ``nsd`` key the plugin leaves vLLM's stock sampler alone. The
 environment variable ``NSD_VLLM_CONFIG`` (the same JSON object) is a fallback for
 launchers that cannot pass ``--additional-config``.
+
+The keys are the options of :mod:`nsd.options`, spelled as there and as in the server's
+``nsd`` object (``method``, ``theta``, ``budget``, ``cap``, ``smooth``, ``typical_epsilon``,
+``typical_delta``), with the same defaults and ranges; ``method`` is ``nsd``, ``sd`` or
+``typical`` (vLLM itself decides whether to speculate). The spellings of earlier releases
+(``rule``: nucleus/exact/typical, ``epsilon``, ``delta``) are still read.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from nsd import options as optspec
 from nsd.errors import NSDError
 from nsd.verify import RuleConfig
 
@@ -21,7 +28,11 @@ ENV_VAR = "NSD_VLLM_CONFIG"
 # The sampler internals the plugin replaces were read from this release line only.
 SUPPORTED_VLLM = ((0, 32, 0), (0, 33, 0))  # [min, max)
 SUPPORTED_TEXT = ">=0.32.0,<0.33"
-_KEYS = {"rule", "theta", "budget", "cap", "smooth", "epsilon", "delta", "report", "log_requests"}
+_RULE_KEYS = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
+_KEYS = {*_RULE_KEYS, "report", "log_requests"}
+# Earlier spellings -> the option they name (and, for ``rule``, its values -> methods).
+_LEGACY = {"rule": "method", "epsilon": "typical_epsilon", "delta": "typical_delta"}
+_LEGACY_RULES = {"nucleus": "nsd", "exact": "sd", "nsd": "nsd", "sd": "sd", "typical": "typical"}
 
 
 @dataclass(frozen=True)
@@ -67,28 +78,35 @@ def raw_config(additional_config: Any) -> Mapping[str, Any] | None:
 
 
 def build_config(section: Mapping[str, Any]) -> NSDVllmConfig:
-    """Validate the section; every problem is one clear NSDError."""
+    """Validate the section against the option specs; every problem is one clear NSDError."""
+    section = dict(section)
+    for old, new in _LEGACY.items():
+        if old in section:
+            if new in section:
+                raise NSDError(f"'nsd.{old}' is the old spelling of 'nsd.{new}': give one of them")
+            value = section.pop(old)
+            if old == "rule":
+                if value not in _LEGACY_RULES:
+                    raise NSDError(f"unknown NSD rule {value!r}; use nucleus, typical or exact")
+                value = _LEGACY_RULES[value]
+            section[new] = value
     unknown = set(section) - _KEYS
     if unknown:
         raise NSDError(f"unknown 'nsd' setting(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
-    kind = {"nucleus": "nucleus", "nsd": "nucleus", "typical": "typical", "exact": "exact",
-            "sd": "exact"}.get(str(section.get("rule", "nucleus")))
-    if kind is None:
-        raise NSDError(f"unknown NSD rule {section.get('rule')!r}; use nucleus, typical or exact")
-
-    def number(key: str, default: float) -> float:
-        value = section.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise NSDError(f"'nsd.{key}' must be a number, got {value!r}")
-        return float(value)
-
-    rule = RuleConfig(kind=kind, theta=number("theta", 0.9 if kind == "nucleus" else 0.0),
-                      budget=number("budget", math.inf), cap=number("cap", math.inf),
-                      smooth=bool(section.get("smooth", False)),
-                      epsilon=number("epsilon", RuleConfig.epsilon),
-                      typical_delta=number("delta", RuleConfig.typical_delta))
+    method = section.get("method", optspec.default("method"))
+    if method == "ar":
+        raise NSDError("'nsd.method' must be nsd, sd or typical (vLLM decides whether to speculate)")
+    knobs = {}
+    for key in _RULE_KEYS[1:]:
+        if section.get(key) is not None:
+            try:
+                knobs[key] = optspec.check(key, section[key])
+            except NSDError as err:
+                raise NSDError(f"'nsd.{err}") from None  # "'nsd.theta must be ..."
+    try:
+        rule = RuleConfig.for_method(method, theta=knobs.pop("theta", optspec.default("theta")), **knobs)
+    except NSDError as err:
+        raise NSDError(f"'nsd.{err}") from None
     report = section.get("report")
     if report is not None and not isinstance(report, str):
         raise NSDError(f"'nsd.report' must be a file path, got {report!r}")

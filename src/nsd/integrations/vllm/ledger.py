@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from nsd.ragged import RaggedVerifyResult
+from nsd.verify import charge
 
 # A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
 # its processes, so these lines appear in the server's log beside vLLM's; a logger of our own
@@ -70,8 +71,9 @@ class FidelityLedger:
     def __init__(self, metrics: "object | None" = None, report: str | None = None,
                  log_requests: bool = True) -> None:
         self.requests: dict[str, RequestFidelity] = {}
-        # (engine step, request ids, [B, 4] figures on the device), oldest first.
-        self._pending: list[tuple[int, list[str], torch.Tensor]] = []
+        # (engine step, request ids, [B, 3] counts, [B, K] per-position deviations), both on
+        # the device, oldest first.
+        self._pending: list[tuple[int, list[str], torch.Tensor, torch.Tensor]] = []
         self._closed: set[str] = set()  # reported already; the worker has not dropped them yet
         self._metrics = metrics
         self._report = report
@@ -91,29 +93,43 @@ class FidelityLedger:
         result: RaggedVerifyResult | None = None,  # None: the stock rule verified this step
         step: int = 0,  # the engine step (see finish's upto)
     ) -> None:
-        """Keep this step's per-request figures on the device; read back at the next step."""
+        """Keep this step's per-request figures on the device; read back at the next step.
+
+        The deviations are kept per position, not summed: :meth:`_fold` charges them onto
+        ``D`` left to right with :func:`nsd.verify.charge`, exactly as the budget scan did,
+        so the ``D`` the next step's budget reads is the scan's own total and never an ulp
+        over ``B``.
+        """
         emitted = (output_token_ids >= 0).sum(dim=-1).double()
         if result is None:
-            zeros = torch.zeros_like(emitted)
-            deviation, relaxed = zeros, zeros
+            deviation = torch.zeros_like(emitted).unsqueeze(-1)
+            relaxed = torch.zeros_like(emitted)
         else:
-            deviation, relaxed = result.deviation.sum(dim=-1), result.relaxed.sum(dim=-1).double()
+            deviation, relaxed = result.deviation, result.relaxed.sum(dim=-1).double()
         drafted = torch.tensor(num_draft_tokens, dtype=torch.float64).to(emitted.device, non_blocking=True)
-        self._pending.append((step, list(req_ids), torch.stack([deviation, emitted, relaxed, drafted], dim=-1)))
+        self._pending.append((step, list(req_ids), torch.stack([emitted, relaxed, drafted], dim=-1),
+                              deviation))
 
     def _fold(self, upto: int | None = None) -> None:
         """Fold the pending steps (only those up to engine step ``upto`` when given)."""
         keep = []
-        for step, req_ids, per_request in self._pending:
+        for pending in self._pending:
+            step, req_ids, per_request, deviation = pending
             if upto is not None and step > upto:
-                keep.append((step, req_ids, per_request))
+                keep.append(pending)
                 continue
             rows = per_request.cpu().tolist()  # already computed and synchronised by vLLM
-            for req_id, (dev, emitted, rel, drafted) in zip(req_ids, rows):
+            deviation = deviation.cpu()
+            before = torch.tensor([self.requests[r].deviation if r in self.requests else 0.0
+                                   for r in req_ids], dtype=torch.float64)
+            after = charge(before, deviation).tolist()
+            step_dev = deviation.sum(dim=-1).tolist()  # for the metrics only
+            for row, (req_id, (emitted, rel, drafted)) in enumerate(zip(req_ids, rows)):
                 if drafted == 0 or req_id in self._closed:
                     continue  # a closed request's later steps were discarded by the scheduler
                 state = self.requests.setdefault(req_id, RequestFidelity())
-                state.deviation += dev
+                dev = step_dev[row]
+                state.deviation = after[row]
                 state.accepted += int(emitted) - 1  # one emitted token is recovered or bonus
                 state.relaxed += int(rel)
                 state.drafted += int(drafted)

@@ -1,0 +1,110 @@
+"""Command-line flags generated from the option specs of :mod:`nsd.options`.
+
+Every subcommand (``generate``, ``compare``, ``serve``, ``bench``) adds its flags from
+here, so a flag's spelling, default, choices and help come from the one definition of its
+option. A value of the wrong type is an argparse error (exit 2); a value out of range is
+refused by the frozen config built from the parsed flags, with the option's own message.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, Iterable, Mapping
+
+from nsd import options as optspec
+from nsd.options import Option
+
+
+def _number(kind: type, allow_auto: bool) -> Callable[[str], Any]:
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        if allow_auto and text == "auto":
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            extra = " or 'auto'" if allow_auto else ""
+            raise argparse.ArgumentTypeError(f"not {noun}{extra}: {text!r}") from None
+
+    return parse
+
+
+def add_option(parser: argparse.ArgumentParser | Any, option: Option, **override: Any) -> None:
+    """Add ``option`` as a flag; ``override`` replaces argparse keywords (e.g. a subcommand
+    that takes several θ values)."""
+    names = [option.short, option.flag] if option.short else [option.flag]
+    kw: dict[str, Any] = {"dest": option.name, "default": option.default, "help": option.help}
+    if option.type is bool:
+        kw["action"] = "store_true"
+    else:
+        if option.choices is not None:
+            kw["choices"] = list(option.choices)
+        elif option.type in (int, float):
+            kw["type"] = _number(option.type, option.auto)
+        if option.metavar:
+            kw["metavar"] = option.metavar
+        if option.default is not None and option.type is not bool and "(default" not in option.help:
+            kw["help"] = f"{option.help} (default: {option.default})"
+    kw.update(override)
+    parser.add_argument(*names, **kw)
+
+
+def add_options(parser: argparse.ArgumentParser | Any, group: Mapping[str, Option],
+                skip: Iterable[str] = ()) -> None:
+    """Every option of ``group`` (e.g. ``options.DECODING``) but those in ``skip``."""
+    skipped = set(skip)
+    for name, option in group.items():
+        if name not in skipped:
+            add_option(parser, option)
+
+
+def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None:
+    """Which models, where drafts come from, and the backend options."""
+    p.add_argument("--target", required=need_target, default=None,
+                   help="target model: registry name (see `nsd models list`), .gguf file or HF folder")
+    p.add_argument("--draft", default=None, help="draft model (same tokenizer as the target)")
+    p.add_argument("--proposer", choices=["draft", "ngram"], default=None,
+                   help="where drafts come from (default: draft if --draft is given, else ngram)")
+    p.add_argument("--draft-vocab", type=_number(int, False), default=None, metavar="N",
+                   help="draft over a reduced vocabulary: the N most frequent tokens plus the "
+                        "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")
+    add_options(p, optspec.BACKEND)
+    # --compile alone means torch.compile.
+    for action in p._actions:
+        if action.dest == "compile":
+            action.nargs, action.const = "?", "torch"
+
+
+def add_decoding_args(p: argparse.ArgumentParser, with_method: bool = True,
+                      skip: Iterable[str] = ()) -> None:
+    """The decoding rule, sampling and draft-length options, plus stop strings."""
+    skipped = set(skip) | (set() if with_method else {"method"})
+    add_options(p, optspec.DECODING, skip=skipped)
+    add_options(p, optspec.DRAFT_LENGTH, skip=skipped)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def generation_config(args: argparse.Namespace, **overrides: Any):
+    """The validated :class:`~nsd.api.GenerationConfig` of parsed flags (before any model
+    loads, so a bad value fails fast)."""
+    from nsd.api import GenerationConfig
+
+    _check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
+    return GenerationConfig.from_mapping(vars(args), **overrides)
+
+
+def backend_options(args: argparse.Namespace):
+    from nsd.api import BackendOptions
+
+    _check_flags(args, optspec.BACKEND)
+    return BackendOptions.from_mapping(vars(args))
+
+
+def _check_flags(args: argparse.Namespace, names: Iterable[str]) -> None:
+    """Range errors name the flag as typed (``--top-p``), not the field."""
+    for name in names:
+        value = getattr(args, name, None)
+        option = optspec.ALL[name]
+        if value is not None and not isinstance(value, list):  # bench's θ/B lists: per value
+            option.check(value, label="/".join(filter(None, (option.short, option.flag))))

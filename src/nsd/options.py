@@ -1,0 +1,223 @@
+"""Every user-facing option, defined once: its name, default, range or choices, and help.
+
+An option's spelling is its field name (``theta``, ``typical_epsilon``, ``k_max``); the
+command line writes it with dashes (``--typical-epsilon``), the server's ``nsd`` object and
+vLLM's ``nsd`` section exactly as here. The front ends never restate a default or a
+range: the CLI flags are generated from these specs (:mod:`nsd.cli_args`), the server
+checks its request fields with :func:`check`, the bench's grid defaults and the vLLM
+section read :func:`default`, and the frozen configs (:class:`nsd.api.GenerationConfig`,
+:class:`nsd.api.BackendOptions`, :class:`nsd.verify.RuleConfig`, …) validate themselves
+against them on construction.
+
+The options fall into three concerns, one frozen config each:
+
+- :data:`DECODING` — the verification rule and the sampling settings of one generation;
+- :data:`DRAFT_LENGTH` — how many tokens are drafted before each target pass;
+- :data:`BACKEND` — how models are loaded and run.
+
+This module imports nothing else of nsd but its error type: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping
+
+from nsd.errors import NSDError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``low``/``high`` bound numbers (inclusive unless ``*_open``);
+    ``choices`` bound strings; ``auto`` also allows the string ``"auto"`` (draft length);
+    ``optional`` allows ``None`` (meaning "not set": the documented fallback applies)."""
+
+    name: str
+    default: Any
+    type: type
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    finite: bool = False  # refuse inf (NaN is always refused)
+    choices: tuple[str, ...] | None = None
+    optional: bool = False
+    auto: bool = False
+    metavar: str | None = None
+    short: str | None = None  # one-letter CLI alias, e.g. -k
+    long: str | None = None  # a CLI spelling other than --name-with-dashes
+    words: str | None = None  # the accepted values in words, where the bounds read badly
+
+    @property
+    def flag(self) -> str:
+        """The command-line spelling."""
+        return self.long or "--" + self.name.replace("_", "-")
+
+    def range_text(self) -> str:
+        """The accepted values in words, as error messages and help show them."""
+        if self.words is not None:
+            return self.words
+        if self.choices is not None:
+            return "one of " + ", ".join(self.choices)
+        if self.type is bool:
+            return "true or false"
+        parts = []
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            parts.append(f"in {left}{self.low:g}, {self.high:g}{right}")
+        elif self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        elif self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        kind = "a whole number" if self.type is int else "a number"
+        text = f"{kind} {parts[0]}" if parts else kind
+        if self.type is float and not self.finite and self.high is None:
+            text += " (inf for none)"
+        if self.auto:
+            text += " or 'auto'"
+        return text
+
+    def check(self, value: Any, label: str | None = None) -> Any:
+        """``value`` if it is acceptable (ints widened to float where a float is wanted),
+        else an NSDError naming the option (as ``label``, e.g. its flag) and what it takes."""
+        if value is None and self.optional:
+            return None
+        if self.auto and value == "auto":
+            return value
+        bad = NSDError(f"{label or self.name} must be {self.range_text()}, got {value!r}")
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise bad
+            return value
+        if self.type is str:
+            if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
+                raise bad
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if self.type is int:
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise bad
+                value = int(value)
+        else:
+            value = float(value)
+            if math.isnan(value) or (self.finite and math.isinf(value)):
+                raise bad
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            raise bad
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            raise bad
+        return value
+
+
+def _opts(*options: Option) -> dict[str, Option]:
+    return {o.name: o for o in options}
+
+
+METHODS = ("ar", "sd", "nsd", "typical")
+
+# Verification rule and sampling: what one generation does.
+DECODING = _opts(
+    Option("method", "nsd", str, choices=METHODS,
+           help="ar: autoregressive; sd: exact speculative sampling; nsd: nucleus speculative "
+                "decoding; typical: Medusa-style typical acceptance"),
+    Option("theta", 0.9, float, low=0.0, high=1.0,
+           help="NSD nucleus mass θ in [0, 1]: also accept a draft token inside the target's "
+                "smallest set of tokens with mass >= θ (0 = exactly SD)"),
+    Option("budget", math.inf, float, low=0.0,
+           help="hard fidelity budget B: cap on the summed deviation D of one sequence "
+                "(default: none; 0 = exactly SD)"),
+    Option("cap", math.inf, float, low=0.0,
+           help="per-position cap δ: positions with E_t > δ are verified exactly"),
+    Option("smooth", False, bool,
+           help="spend the last remainder of the budget with a partial relaxation (sampling "
+                "only: greedy relaxes all-or-nothing, so it stays seed-free)"),
+    # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
+    Option("typical_epsilon", 0.09, float, low=0.0, low_open=True,
+           help="typical acceptance ε: accept p(x) > min(ε, δ·exp(−H)) (Medusa's "
+                "posterior_threshold)"),
+    Option("typical_delta", 0.3, float, low=0.0, low_open=True,
+           help="typical acceptance δ (Medusa's posterior_alpha)"),
+    Option("temperature", 0.0, float, low=0.0, finite=True, help="sampling temperature; 0 = greedy"),
+    Option("top_k", 0, int, low=0, help="keep the k most likely tokens (0 disables)"),
+    Option("top_p", 1.0, float, low=0.0, high=1.0, low_open=True,
+           help="keep the smallest set of tokens with mass >= top-p (1 disables)"),
+    Option("min_p", 0.0, float, low=0.0, high=1.0, high_open=True,
+           help="drop tokens below min-p times the most likely one's probability (0 disables)"),
+    # torch seeds its generator with a 64-bit integer (a negative one taken modulo 2^64), so
+    # the signed 64-bit range is every seed that means something, each a different stream.
+    Option("seed", 0, int, low=-2 ** 63, high=2 ** 63, high_open=True,
+           words="a whole number in [-2^63, 2^63 - 1] (a signed 64-bit integer)",
+           help="random seed: the same seed, prompt and settings give the same tokens on the "
+                "same machine, with -k auto too"),
+    Option("max_new_tokens", 128, int, low=1, help="most tokens to generate"),
+)
+
+# How many tokens are drafted before each target pass.
+DRAFT_LENGTH = _opts(
+    Option("k", "auto", int, low=1, auto=True, short="-k", long="--draft-length",
+           metavar="K|auto",
+           help="draft tokens per block, or auto: before each block the cost model picks the k "
+                "(0 = a plain step) with the most expected tokens per second"),
+    Option("k_max", 8, int, low=1, help="largest k for -k auto and --adaptive-k"),
+    Option("adaptive_k", False, bool, help="grow k by 2 after a fully accepted block, shrink by 1 "
+                                           "otherwise (up to --k-max)"),
+)
+
+# How models are loaded and run.
+WEIGHT_FORMATS = ("auto", "original", "q4_0", "q8_0")
+BACKEND = _opts(
+    Option("backend", "auto", str, choices=("auto", "llama", "hf"),
+           help="model engine: llama.cpp for GGUF (auto picks it when installed) or transformers"),
+    Option("dtype", "auto", str, choices=("auto", "float32", "bfloat16", "float16"),
+           help="weights dtype for the transformers backend (auto: bfloat16 on CUDA, float32 on CPU)"),
+    Option("threads", None, int, low=1, optional=True, help="CPU threads (default: all cores)"),
+    Option("n_ctx", 4096, int, low=16,
+           help="context length (llama.cpp; the transformers backend's static KV cache)"),
+    Option("device", "auto", str, metavar="auto|cpu|cuda[:N]",
+           help="where the transformers backend runs (auto: CUDA when torch sees a GPU; then "
+                "--backend auto picks transformers)"),
+    Option("compile", "none", str, choices=("none", "torch", "cudagraph"),
+           help="transformers backend: graph the short forwards with torch.compile (CUDA graphs "
+                "on CUDA), or capture plain CUDA graphs (cudagraph; CUDA only)"),
+    Option("weights", "auto", str, choices=WEIGHT_FORMATS,
+           help="GGUF weight format: the file as given, a Q4_0/Q8_0 copy derived from it once, "
+                "or auto: the one with the cheapest step measured on this machine"),
+    Option("draft_weights", None, str, choices=WEIGHT_FORMATS, optional=True,
+           help="weight format of the draft (default: as --weights)"),
+)
+
+ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
+# The decoding options that pick and shape the verification rule (the rest of DECODING is
+# sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
+RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
+RELAXED_METHODS = ("nsd", "typical")
+
+
+def default(name: str) -> Any:
+    """The documented default of option ``name``."""
+    return ALL[name].default
+
+
+def check(name: str, value: Any) -> Any:
+    """``value`` checked against option ``name`` (see :meth:`Option.check`)."""
+    return ALL[name].check(value)
+
+
+def check_fields(config: Any, options: Mapping[str, Option]) -> None:
+    """Validate every field of a frozen config that is one of ``options``; frozen configs
+    call this from ``__post_init__`` so that a config that exists is a valid one."""
+    for f in fields(config):
+        if f.name in options:
+            value = getattr(config, f.name)
+            checked = options[f.name].check(value)
+            if type(checked) is not type(value):  # 1 -> 1.0 where a float is wanted
+                object.__setattr__(config, f.name, checked)
+
+
+def pick(values: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The entries of ``values`` (e.g. parsed flags) that are options in ``names``."""
+    return {n: values[n] for n in names if n in values}
