@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import torch
 
-from nsd.calibrate import cpu_description
 from nsd.backends.base import ModelBackend
 from nsd.backends.llama_cpp import LlamaCppBackend
+from nsd.machine import cpu_description
 
 KS = (1, 2, 4, 8, 16)
 

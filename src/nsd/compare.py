@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from nsd.bench import metrics
+from nsd.machine import cpu_description
 
 DEFAULT_PROMPTS = (
     "def quicksort(arr):",
@@ -35,8 +36,6 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
 
     def ratio(method: str, baseline: str) -> str:
         return f"{metrics.speedup(rates(method), rates(baseline)):.2f}x" if baseline in runs else "-"
-
-    from nsd.calibrate import cpu_description
 
     k_of = {c.method: c.k for c in configs}
     lines = [f"CPU: {cpu_description()['model']}, {engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'} threads",

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, is_peer_family
 from nsd.bench.store import write_json_atomic, write_text_atomic
+from nsd.machine import cpu_description
 
 
 def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[dict]:
@@ -112,8 +113,6 @@ def environment() -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    from nsd.calibrate import cpu_description
-
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor(),
             "cpu": cpu_description(), "versions": versions}
