@@ -46,9 +46,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence, TypeVar
 
+from nsd.aggregate import median
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
-from nsd.bench.metrics import acceptance_by_position, median, wilson_interval
+from nsd.bench.metrics import acceptance_by_position, wilson_interval
 from nsd.bench.metrics import paired_ratio as metrics_paired_ratio
 from nsd.bench.store import JOURNAL, SETTINGS, Journal, write_json_atomic, write_text_atomic  # noqa: F401 (SETTINGS: tests)
 from nsd.errors import NSDError
