@@ -8,38 +8,45 @@ folder), :mod:`~nsd.models.weights` (Q4_0 / Q8_0 copies of a GGUF),
 :mod:`~nsd.models.draft_vocab` (reduced-vocabulary drafts) and :mod:`~nsd.models.loader`
 (a model opened on a backend, with its tokenizer).
 
-The names below are importable from ``nsd.models`` itself. The draft-vocabulary and
-loading names are imported on first use: they need torch, and fetching or listing
-models does not.
+The names below are importable from ``nsd.models`` itself. Each is imported from its
+module on first use, so that importing one module of the package (the backends import
+:mod:`~nsd.models.files`) loads no other, and listing or fetching models needs no torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nsd.models.files import GGUFInfo, check_gguf, check_hf_folder
-from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
-from nsd.models.registry import (REGISTRY, ModelSpec, ResolvedModel, cache_dir, fetch_gguf,
-                                 list_models, model_path, resolve_model, verify_model)
-from nsd.models.weights import DERIVED_FORMATS, WEIGHT_CHOICES, check_weights, gguf_for
+if TYPE_CHECKING:
+    from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft
+    from nsd.models.files import GGUFInfo, check_gguf, check_hf_folder
+    from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
+    from nsd.models.loader import (BACKENDS, BackendOptions, LoadedModel, llama_available,
+                                   load_backend, load_tokenizer, pick_format)
+    from nsd.models.registry import (REGISTRY, ModelSpec, ResolvedModel, cache_dir, fetch_gguf,
+                                     list_models, model_path, resolve_model, verify_model)
+    from nsd.models.weights import DERIVED_FORMATS, WEIGHT_CHOICES, check_weights, gguf_for
 
-_LAZY = {
-    "VocabMap": "draft_vocab", "ensure_reduced_draft": "draft_vocab",
-    "BACKENDS": "loader", "BackendOptions": "loader", "LoadedModel": "loader",
-    "llama_available": "loader", "load_backend": "loader", "load_tokenizer": "loader",
-    "pick_format": "loader",
+_HOME = {  # public name -> the module of this package that defines it
+    **dict.fromkeys(("VocabMap", "ensure_reduced_draft"), "draft_vocab"),
+    **dict.fromkeys(("GGUFInfo", "check_gguf", "check_hf_folder"), "files"),
+    **dict.fromkeys(("ensure_hf_folder", "ensure_tokenizer_folder"), "hf_convert"),
+    **dict.fromkeys(("BACKENDS", "BackendOptions", "LoadedModel", "llama_available", "load_backend",
+                     "load_tokenizer", "pick_format"), "loader"),
+    **dict.fromkeys(("REGISTRY", "ModelSpec", "ResolvedModel", "cache_dir", "fetch_gguf", "list_models",
+                     "model_path", "resolve_model", "verify_model"), "registry"),
+    **dict.fromkeys(("DERIVED_FORMATS", "WEIGHT_CHOICES", "check_weights", "gguf_for"), "weights"),
 }
 
-__all__ = [
-    "DERIVED_FORMATS", "GGUFInfo", "REGISTRY", "WEIGHT_CHOICES", "ModelSpec", "ResolvedModel",
-    "cache_dir", "check_gguf", "check_hf_folder", "check_weights", "ensure_hf_folder",
-    "ensure_tokenizer_folder", "fetch_gguf", "gguf_for", "list_models", "model_path",
-    "resolve_model", "verify_model", *_LAZY,
-]
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"nsd.models.{_LAZY[name]}"), name)
+    if name in _HOME:
+        return getattr(importlib.import_module(f"nsd.models.{_HOME[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
