@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from nsd.calibrate import cpu_description
 from nsd.backends.hf import HFBackend, resolve_device, resolve_dtype
+from nsd.machine import cpu_description
 from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs
 from nsd.verify import RuleConfig, verify
 

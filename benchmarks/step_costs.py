@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import torch
 
-from nsd.calibrate import cpu_description
 from nsd.backends.base import ModelBackend
 from nsd.backends.llama_cpp import LlamaCppBackend
+from nsd.machine import cpu_description
 
 KS = (1, 2, 4, 8, 16)
 
@@ -97,7 +97,7 @@ def _resolve_gguf(spec: str) -> Path:
     path = Path(spec).expanduser()
     if path.is_file():
         return path
-    from nsd.models import resolve_model
+    from nsd.models.registry import resolve_model
 
     resolved = resolve_model(spec)
     if resolved.gguf_path is None:
@@ -185,7 +185,7 @@ def measure_model(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_hf:
         try:
             from nsd.backends.hf import HFBackend
-            from nsd.hf_convert import ensure_hf_folder
+            from nsd.models.hf_convert import ensure_hf_folder
         except ImportError:
             print("(transformers backend not available; skipped)")
         else:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from nsd.api import BackendOptions, Engine, GenerationConfig
-from nsd.calibrate import cpu_description
+from nsd.machine import cpu_description
 from nsd.sampling import SamplingConfig, logits_to_probs
 
 PROMPTS = (

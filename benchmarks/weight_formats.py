@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from nsd.backends.llama_cpp import LlamaCppBackend
-from nsd.calibrate import cpu_description
 from nsd.load import LoadMonitor
-from nsd.hf_convert import ensure_tokenizer_folder
-from nsd.models import fetch_gguf
-from nsd.weights import DERIVED_FORMATS, gguf_for
+from nsd.machine import cpu_description
+from nsd.models.hf_convert import ensure_tokenizer_folder
+from nsd.models.registry import fetch_gguf
+from nsd.models.weights import DERIVED_FORMATS, gguf_for
 
 SIZES = (1, 2, 3, 5, 9)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from nsd.api import BackendOptions, load_backend
-from nsd.calibrate import cpu_description
+from nsd.machine import cpu_description
+from nsd.models.loader import BackendOptions, load_backend
 
 
 def main() -> None:

@@ -9,21 +9,22 @@ import pytest
 import torch
 
 from mock import MockLM
+from nsd import aggregate
 from nsd.bench import metrics
 
 
 def test_tau_is_pooled_tokens_over_passes() -> None:
-    assert metrics.tau([10, 30], [10, 10]) == pytest.approx(2.0)  # not the mean of 1.0 and 3.0
-    assert math.isnan(metrics.tau([], []))
+    assert aggregate.tau([10, 30], [10, 10]) == pytest.approx(2.0)  # not the mean of 1.0 and 3.0
+    assert math.isnan(aggregate.tau([], []))
 
 
 def test_speedup_is_ratio_of_medians() -> None:
     ar = [10.0, 20.0, 1000.0]  # one outlier prompt barely moves the median
     nsd = [25.0, 40.0, 30.0]
-    assert metrics.speedup(nsd, ar) == pytest.approx(30.0 / 20.0)
-    assert metrics.speedup([1.0, 3.0], [1.0, 1.0]) == pytest.approx(2.0)  # even count: middle mean
-    assert math.isnan(metrics.speedup([1.0], []))
-    assert math.isnan(metrics.speedup([1.0], [0.0]))
+    assert aggregate.speedup(nsd, ar) == pytest.approx(30.0 / 20.0)
+    assert aggregate.speedup([1.0, 3.0], [1.0, 1.0]) == pytest.approx(2.0)  # even count: middle mean
+    assert math.isnan(aggregate.speedup([1.0], []))
+    assert math.isnan(aggregate.speedup([1.0], [0.0]))
 
 
 def test_acceptance_by_position_pools_ragged_counts() -> None:
@@ -34,7 +35,7 @@ def test_acceptance_by_position_pools_ragged_counts() -> None:
 
 
 def test_deviation_per_token() -> None:
-    assert metrics.deviation_per_token([0.5, 1.5], [10, 30]) == pytest.approx(0.05)
+    assert aggregate.deviation_per_token([0.5, 1.5], [10, 30]) == pytest.approx(0.05)
 
 
 def test_token_agreement_and_prefix() -> None:

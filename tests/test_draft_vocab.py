@@ -9,7 +9,7 @@ import torch
 
 from mock import MockLM
 from nsd.decode import DecodeConfig, decode, run_to_end
-from nsd.draft_vocab import build_vocab_map, kept_ids
+from nsd.models.draft_vocab import build_vocab_map, kept_ids
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.sampling import SamplingConfig
 
@@ -69,8 +69,8 @@ def test_greedy_sd_with_reduced_draft_equals_ar() -> None:
 def test_reduced_gguf_loads_in_llama_cpp(tmp_path) -> None:
     pytest.importorskip("llama_cpp")
     from nsd.backends.llama_cpp import LlamaCppBackend
-    from nsd.draft_vocab import reduce_gguf
-    from nsd.models import fetch_gguf
+    from nsd.models.draft_vocab import reduce_gguf
+    from nsd.models.registry import fetch_gguf
 
     src = fetch_gguf("smollm2-135m-instruct", progress=False)
     vmap = reduce_gguf(src, tmp_path / "small.gguf", keep=2000)

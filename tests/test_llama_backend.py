@@ -36,7 +36,7 @@ def _model_path() -> Path:
     if override:
         return Path(override)
     try:
-        from nsd.models import fetch_gguf
+        from nsd.models.registry import fetch_gguf
     except ImportError:
         pytest.skip("nsd.models is not available")
     try:

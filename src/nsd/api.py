@@ -8,58 +8,27 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend
-from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
-from nsd.draft_vocab import VocabMap, ensure_reduced_draft
 from nsd.errors import NSDError
-from nsd.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
-from nsd.models import resolve_model
+from nsd.models.draft_vocab import VocabMap
+from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
+from nsd.models.loader import BACKENDS, llama_available, pick_format  # noqa: F401 (nsd.api's names)
+from nsd.models.registry import resolve_model
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.sampling import SamplingConfig
 from nsd.verify import RuleConfig
-from nsd.weights import DERIVED_FORMATS, check_weights, gguf_for
 
 METHODS = optspec.METHODS
 CHAT_ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class BackendOptions:
-    """How models are run (the ``backend`` options of :mod:`nsd.options`, where each is
-    defined with its default, choices and help). ``auto`` picks llama.cpp for GGUF files
-    when it is installed and the device is the CPU (the fastest CPU path measured),
-    transformers otherwise."""
-
-    backend: str = optspec.default("backend")
-    dtype: str = optspec.default("dtype")
-    threads: int | None = optspec.default("threads")
-    n_ctx: int = optspec.default("n_ctx")
-    device: str = optspec.default("device")
-    compile: str = optspec.default("compile")
-    weights: str = optspec.default("weights")
-    draft_weights: str | None = optspec.default("draft_weights")  # None: as ``weights``
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> BackendOptions:
-        """From any mapping holding some of the options (parsed flags, a JSON object)."""
-        return cls(**optspec.pick(values, optspec.BACKEND))
-
-    def __post_init__(self) -> None:
-        optspec.check_fields(self, optspec.BACKEND)
-        from nsd.backends.hf import graph_mode, resolve_device, resolve_dtype
-
-        resolve_dtype(self.dtype, resolve_device(self.device))  # fail before any model loads
-        graph_mode(self.compile)
 
 
 @dataclass(frozen=True)
@@ -132,111 +101,6 @@ class GenerationResult:
         return {"text": self.text, "stats": self.stats.to_dict()}
 
 
-def llama_available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-@dataclass
-class LoadedModel:
-    """One loaded model: its backend, the file it came from, its tokenizer folder, the
-    weight format in use and, once measured, its step costs."""
-
-    backend: ModelBackend
-    file: str | None  # None: not from a file (costs are then measured, not cached)
-    tokenizer_dir: str | None
-    weights: str = "original"
-    vocab_map: VocabMap | None = None
-    calibration: Calibration | None = None
-    candidates: dict[str, float] = field(default_factory=dict)  # format -> c(1) seconds
-
-    def step_costs(self, n_max: int) -> tuple[float, ...]:
-        """``c(1..n_max)`` for this backend on this machine (measured once, cached)."""
-        if self.calibration is None or len(self.calibration.costs) < n_max:
-            if self.file is None:
-                self.calibration = Calibration(measure(self.backend, n_max), {}, cached=False)
-            else:
-                self.calibration = calibrate(self.backend, self.file, n_max)
-        return self.calibration.costs[:n_max]
-
-
-# A derived format must beat the original file's measured step by this much to be picked
-# by --weights auto: requantizing costs some quality, a wash in speed is not worth it.
-_AUTO_MARGIN = 0.05
-
-
-def pick_format(costs: Mapping[str, float]) -> str:
-    """The weight format ``--weights auto`` keeps, from measured c(1) seconds per format."""
-    faster = [f for f in costs if f != "original" and costs[f] < costs["original"] * (1.0 - _AUTO_MARGIN)]
-    return min(faster, key=costs.__getitem__) if faster else "original"
-
-
-def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None,
-                 weights: str | None = None, calibrate_n: int = 2) -> LoadedModel:
-    """Load one model (``weights`` overrides ``options.weights``); a reduced-vocabulary
-    copy when ``reduced_vocab`` asks for one (drafts only). ``auto`` weights load
-    every format, measure their single steps side by side and keep the cheapest (a
-    derived format must win by a margin); then ``c(1..calibrate_n)`` of the one kept."""
-    weights = check_weights(weights or options.weights)
-    resolved = resolve_model(model)
-    backend = options.backend
-    if backend == "auto":
-        from nsd.backends.hf import resolve_device
-
-        on_cpu = resolve_device(options.device).type == "cpu"
-        backend = "llama" if resolved.gguf_path is not None and llama_available() and on_cpu else "hf"
-    if reduced_vocab is not None and backend != "llama":
-        raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
-                       "llama.cpp backend")
-    if backend == "llama":
-        if resolved.gguf_path is None:
-            raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
-                           "folder (use --backend hf)")
-        from nsd.backends.llama_cpp import LlamaCppBackend
-
-        tokenizer_dir = str(ensure_tokenizer_folder(model))
-
-        def open_format(fmt: str) -> LoadedModel:
-            path, vocab_map = gguf_for(resolved.gguf_path, fmt, options.threads), None
-            if reduced_vocab is not None:
-                path, vocab_map = ensure_reduced_draft(path, reduced_vocab)
-            return LoadedModel(LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx),
-                               str(path), tokenizer_dir, fmt, vocab_map)
-
-        if weights != "auto":
-            return open_format(weights)
-        # Every format loaded at once (weights are memory-mapped) and measured side by side:
-        # measuring them one after another let warm-up and drift decide the pick.
-        loaded = {fmt: open_format(fmt) for fmt in ("original",) + DERIVED_FORMATS}
-        costs = compare_step_costs({fmt: (m.backend, m.file) for fmt, m in loaded.items()})
-        pick = pick_format(costs)
-        for fmt, m in loaded.items():
-            if fmt != pick:
-                m.backend.close()
-        best = loaded[pick]
-        best.candidates = costs
-        best.step_costs(calibrate_n)  # measured now, not inside the first timed generation
-        return best
-    if weights not in ("auto", "original"):
-        raise NSDError(f"--weights {weights} needs a GGUF model on the llama.cpp backend; the "
-                       "transformers backend runs the weights as converted (see --dtype)")
-    from nsd.backends.hf import HFBackend
-
-    hf_dir = resolved.hf_dir or ensure_hf_folder(model)
-    return LoadedModel(HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads,
-                                 device=options.device, max_len=options.n_ctx, compile=options.compile),
-                       str(hf_dir), str(hf_dir))
-
-
-def _load_tokenizer(folder: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(folder)
-    except Exception as exc:  # the folder's files were checked; this is what is left
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise NSDError(f"could not load the tokenizer in {folder}: {reason}") from exc
-
-
 class Engine:
     """A target model, optionally a draft model, and their shared tokenizer."""
 
@@ -255,7 +119,7 @@ class Engine:
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
         self.target = self.target_model.backend
-        self.tokenizer = _load_tokenizer(self.target_model.tokenizer_dir)
+        self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)
         self.draft_model: LoadedModel | None = None
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
@@ -263,7 +127,7 @@ class Engine:
             self.draft_model = load_backend(draft, options, draft_vocab,
                                             weights=options.draft_weights or options.weights)
             self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
-            _check_same_tokenizer(self.tokenizer, _load_tokenizer(self.draft_model.tokenizer_dir),
+            _check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_model.tokenizer_dir),
                                   target, draft)
             if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
                 raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "

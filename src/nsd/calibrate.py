@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,29 +26,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
+from nsd.machine import cpu_description
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
 REPEATS = 5
 COMPARE_REPEATS = 9  # side-by-side c(1) of several files: the pick hinges on a few percent
-
-
-def cpu_description() -> dict[str, str]:
-    """CPU model and a digest of its feature flags: figures are only valid for these."""
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = value.strip()
-    except OSError:
-        pass
-    amx = "amx_tile" in flags.split()
-    return {"model": model, "flags_sha": hashlib.sha256(flags.encode()).hexdigest()[:16],
-            "amx": str(amx), "cores": str(os.cpu_count())}
 
 
 def _backend_version(backend: ModelBackend) -> str:
@@ -154,7 +135,7 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
 
 
 def _cache_path(stem: str, key: dict[str, Any]) -> Path:
-    from nsd.models import cache_dir
+    from nsd.models.registry import cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / "calibration" / f"{stem}-{digest}.json"

@@ -112,7 +112,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from nsd import hf_convert, models
+    from nsd import models
 
     if args.models_cmd == "list":
         for spec, present in models.list_models():
@@ -123,7 +123,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         for name in args.names:
             path = models.fetch_gguf(name)
             if args.hf:
-                hf_convert.ensure_hf_folder(name)
+                models.ensure_hf_folder(name)
             print(path)
     elif args.models_cmd == "verify":
         for name in args.names:

@@ -1,7 +1,7 @@
 """``nsd compare``: AR, SD and NSD on the same models and prompts, in one run.
 
 Methods are interleaved prompt by prompt so drift in machine load hits all of them alike.
-The figures use the same definitions as ``nsd bench`` (:mod:`nsd.bench.metrics`):
+The figures use the same definitions as ``nsd bench`` (:mod:`nsd.aggregate`):
 speedups are ratios of median per-prompt tokens/s measured in this same run.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from nsd.bench import metrics
+from nsd.aggregate import deviation_per_token, median, speedup, tau
+from nsd.machine import cpu_description
 
 DEFAULT_PROMPTS = (
     "def quicksort(arr):",
@@ -34,9 +35,7 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
         return [s.tokens_per_s for s in runs.get(method, [])]
 
     def ratio(method: str, baseline: str) -> str:
-        return f"{metrics.speedup(rates(method), rates(baseline)):.2f}x" if baseline in runs else "-"
-
-    from nsd.calibrate import cpu_description
+        return f"{speedup(rates(method), rates(baseline)):.2f}x" if baseline in runs else "-"
 
     k_of = {c.method: c.k for c in configs}
     lines = [f"CPU: {cpu_description()['model']}, {engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'} threads",
@@ -51,8 +50,8 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
         drafted = sum(s.drafted_tokens for s in stats)
         acc = f"{sum(s.accepted_tokens for s in stats) / drafted:.2f}" if drafted else "-"
         lines.append(
-            f"| {method} | {k_text} | {sum(new)} | {metrics.median(rates(method)):.1f} | "
-            f"{metrics.tau(new, [s.target_passes for s in stats]):.2f} | {acc} | "
-            f"{metrics.deviation_per_token([s.deviation for s in stats], new):.3f} | "
+            f"| {method} | {k_text} | {sum(new)} | {median(rates(method)):.1f} | "
+            f"{tau(new, [s.target_passes for s in stats]):.2f} | {acc} | "
+            f"{deviation_per_token([s.deviation for s in stats], new):.3f} | "
             f"{ratio(method, 'ar')} | {ratio(method, 'sd')} |")
     return "\n".join(lines)

@@ -30,7 +30,7 @@ class HFPeers:
                  threads: int | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from nsd.hf_convert import ensure_hf_folder
+        from nsd.models.hf_convert import ensure_hf_folder
 
         if need_draft and not draft:
             raise NSDError("hf-assisted needs a draft model (--draft)")

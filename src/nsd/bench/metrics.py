@@ -1,8 +1,9 @@
 """Pure functions that turn per-prompt records into benchmark numbers.
 
-Speedups are ratios of *medians of per-prompt tokens/s* measured in the same run: the
-median shrugs off a prompt hit by a burst of machine load, and per-prompt rates weight
-every prompt alike whatever its length.
+The figures ``nsd compare`` shares (medians, speedups, tau, deviation per token) are in
+:mod:`nsd.aggregate`; these are the benchmark's own: paired ratios and differences,
+acceptance by draft position, agreement with a reference, pass@k and its interval,
+likelihoods.
 """
 
 from __future__ import annotations
@@ -13,35 +14,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-
-def defined(value) -> bool:
-    """A figure that can be shown: neither missing (None) nor undefined (NaN)."""
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def median(values: Iterable[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
-
-
-def mean(values: Iterable[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.fmean(values) if values else math.nan
-
-
-def tau(new_tokens: Sequence[int], target_passes: Sequence[int]) -> float:
-    """Pooled mean accepted length: all new tokens over all target passes."""
-    passes = sum(target_passes)
-    return sum(new_tokens) / passes if passes else math.nan
-
-
-def speedup(rates: Sequence[float], baseline_rates: Sequence[float]) -> float:
-    """Ratio of the median per-prompt tokens/s of a method to that of its baseline."""
-    base = median(baseline_rates)
-    ours = median(rates)
-    if math.isnan(base) or math.isnan(ours) or base <= 0:
-        return math.nan
-    return ours / base
+from nsd.aggregate import median
 
 
 def paired_ratio(rates: Mapping[str, Mapping[str, float]], method: str, reference: str) -> float:
@@ -65,12 +38,6 @@ def acceptance_by_position(attempts: Iterable[Sequence[int]], accepts: Iterable[
             total_attempts[i] += n
             total_accepts[i] += acc[i] if i < len(acc) else 0
     return [a / n if n else math.nan for a, n in zip(total_accepts, total_attempts)]
-
-
-def deviation_per_token(deviations: Sequence[float], new_tokens: Sequence[int]) -> float:
-    """Pooled fidelity cost: summed deviation bound D over all generated tokens."""
-    tokens = sum(new_tokens)
-    return sum(deviations) / tokens if tokens else math.nan
 
 
 def token_agreement(tokens: Sequence[int], reference: Sequence[int]) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from nsd.bench.methods import is_peer_family
-from nsd.bench.metrics import defined as _ok
+from nsd.aggregate import defined as _ok
 
 
 def _pyplot():

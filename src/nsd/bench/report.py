@@ -15,9 +15,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from nsd import aggregate
 from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, is_peer_family
 from nsd.bench.store import write_json_atomic, write_text_atomic
+from nsd.machine import cpu_description
 
 
 def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[dict]:
@@ -42,18 +44,18 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
         rows.append({
             "method": spec.label, "family": spec.family, "proposer": spec.proposer,
             "theta": spec.theta, "budget": spec.budget, "prompts": len(rs),
-            "new_tokens_mean": metrics.mean(s["new_tokens"] for s in stats),
-            "tokens_per_s_median": metrics.median(r["tokens_per_s"] for r in rs),
+            "new_tokens_mean": aggregate.mean(s["new_tokens"] for s in stats),
+            "tokens_per_s_median": aggregate.median(r["tokens_per_s"] for r in rs),
             "speedup_vs_ar": _speedup(rates, spec.label, spec.ar_baseline),
             "speedup_vs_sd": _speedup(rates, spec.label, spec.sd_baseline),
-            "tau": metrics.tau([s["new_tokens"] for s in stats], [s["target_passes"] for s in stats]),
+            "tau": aggregate.tau([s["new_tokens"] for s in stats], [s["target_passes"] for s in stats]),
             "acceptance_rate": _ratio(sum(s["accepted_tokens"] for s in stats),
                                       sum(s["drafted_tokens"] for s in stats)),
             "acceptance_by_position": metrics.acceptance_by_position(
                 [s["position_attempts"] for s in stats], [s["position_accepts"] for s in stats]),
             "relaxed_share": _ratio(sum(s["relaxed_accepts"] for s in stats),
                                     sum(s["accepted_tokens"] for s in stats)),
-            "deviation_per_token": metrics.deviation_per_token(
+            "deviation_per_token": aggregate.deviation_per_token(
                 [s["deviation"] for s in stats], [s["new_tokens"] for s in stats]),
             "pass_at_1": metrics.pass_at_1(passed),
             "pass_at_1_ci": list(metrics.wilson_interval(sum(executed), len(executed))),
@@ -61,26 +63,26 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
                 [float(r["passed"]) for r, _ in scored], [float(a["passed"]) for _, a in scored])),
             "loglik_change": list(metrics.paired_difference(
                 [r["loglik"] for r, _ in paired], [a["loglik"] for _, a in paired])),
-            "agreement": metrics.mean(metrics.token_agreement(r["output_ids"], a["output_ids"])
+            "agreement": aggregate.mean(metrics.token_agreement(r["output_ids"], a["output_ids"])
                                       for r, a in paired),
-            "prefix_agreement": metrics.mean(metrics.common_prefix_fraction(r["output_ids"], a["output_ids"])
+            "prefix_agreement": aggregate.mean(metrics.common_prefix_fraction(r["output_ids"], a["output_ids"])
                                              for r, a in paired),
-            "exact_match": metrics.mean(float(metrics.exact_match(r["text"], a["text"])) for r, a in paired),
-            "loglik_mean": metrics.mean(r["loglik"] for r in rs),
+            "exact_match": aggregate.mean(float(metrics.exact_match(r["text"], a["text"])) for r, a in paired),
+            "loglik_mean": aggregate.mean(r["loglik"] for r in rs),
             "accepted_length_histogram": metrics.accepted_length_histogram(
                 s.get("accepted_per_pass", []) for s in stats),
             # -k auto: the draft length chosen per pass (0 = plain step), and the cost
             # model's expected rate beside the measured one.
-            "mean_k": metrics.mean(k for s in stats for k in s.get("k_per_pass") or []),
-            "plain_step_share": metrics.mean(float(k == 0) for s in stats for k in s.get("k_per_pass") or []),
-            "predicted_tokens_per_s_median": metrics.median(
+            "mean_k": aggregate.mean(k for s in stats for k in s.get("k_per_pass") or []),
+            "plain_step_share": aggregate.mean(float(k == 0) for s in stats for k in s.get("k_per_pass") or []),
+            "predicted_tokens_per_s_median": aggregate.median(
                 s["predicted_tokens_per_s"] for s in stats if s.get("predicted_tokens_per_s")),
-            "decode_tokens_per_s_median": metrics.median(s["decode_tokens_per_s"] for s in stats),
+            "decode_tokens_per_s_median": aggregate.median(s["decode_tokens_per_s"] for s in stats),
             "draft_s_per_pass": _ratio(sum(s["propose_s"] for s in stats), sum(s["target_passes"] for s in stats)),
             "target_s_per_pass": _ratio(sum(s["target_s"] for s in stats), sum(s["target_passes"] for s in stats)),
-            "overhead_s_per_pass": metrics.mean(s["overhead_per_pass_s"] for s in stats),
+            "overhead_s_per_pass": aggregate.mean(s["overhead_per_pass_s"] for s in stats),
             "loaded_calls": sum(bool(r["load"]["flagged"]) for r in rs),
-            "other_cpu_mean": metrics.mean(r["load"]["other_cpu"] for r in rs),
+            "other_cpu_mean": aggregate.mean(r["load"]["other_cpu"] for r in rs),
         })
     return rows
 
@@ -95,7 +97,7 @@ def _speedup(rates: dict[str, dict[str, float]], label: str, baseline: str | Non
         return math.nan
     ours, base = rates[label], rates[baseline]
     common = [p for p in ours if p in base]
-    return metrics.speedup([ours[p] for p in common], [base[p] for p in common])
+    return aggregate.speedup([ours[p] for p in common], [base[p] for p in common])
 
 
 def summarize_by_category(records: Sequence[dict], methods: Sequence[MethodSpec]) -> dict[str, list[dict]]:
@@ -112,15 +114,13 @@ def environment() -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    from nsd.calibrate import cpu_description
-
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor(),
             "cpu": cpu_description(), "versions": versions}
 
 
 def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
-    if not metrics.defined(value):
+    if not aggregate.defined(value):
         return "-"
     return fmt.format(value) + suffix
 
@@ -161,13 +161,13 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
               "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
               "Agreement: token positions equal to the AR output (exact: identical text).", ""]
     lines += _table(summary)
-    if any(metrics.defined(r.get("mean_k")) for r in summary):
+    if any(aggregate.defined(r.get("mean_k")) for r in summary):
         lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
                   "(k̄: mean k per pass; plain: share of passes with k = 0, chosen by -k auto):", "",
                   "| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
                   "|---" * 9 + "|"]
         for r in summary:
-            if not metrics.defined(r.get("mean_k")):
+            if not aggregate.defined(r.get("mean_k")):
                 continue
             lines.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['mean_k'])} | "
                          f"{_num(r['plain_step_share'])} | {_num(1e3 * r['draft_s_per_pass'], '{:.1f}')} | "
@@ -214,17 +214,17 @@ def _table(rows: Sequence[dict]) -> list[str]:
 
 
 def _interval(values: Sequence[float] | None, fmt: str, signed: bool = False) -> str:
-    if not values or not metrics.defined(values[0]):
+    if not values or not aggregate.defined(values[0]):
         return "-"
     centre, lo, hi = values if len(values) == 3 else (None, *values)
     shown = "" if centre is None else (("{:+" + fmt[2:]) if signed else fmt).format(centre) + " "
-    if not (metrics.defined(lo) and metrics.defined(hi)):
+    if not (aggregate.defined(lo) and aggregate.defined(hi)):
         return shown.strip() or "-"
     return f"{shown}[{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
 def _pass_cell(r: dict) -> str:
-    if not metrics.defined(r["pass_at_1"]):
+    if not aggregate.defined(r["pass_at_1"]):
         return "-"
     return f"{_num(r['pass_at_1'])} {_interval(r.get('pass_at_1_ci'), '{:.2f}')}".strip()
 

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from nsd.backends.base import ModelBackend
-from nsd.draft_vocab import VocabMap
+from nsd.models.draft_vocab import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal
 from nsd.sampling import SamplingConfig, logits_to_probs, sample_from

@@ -5,7 +5,8 @@ model dequantized to float32 (:func:`ensure_hf_folder`), or only its tokenizer, 
 templates and decoding when llama.cpp runs the weights (:func:`ensure_tokenizer_folder`).
 A registry model's conversions live next to its GGUF in the cache; a user's file gets a
 folder under ``converted/`` keyed by its path, size and mtime. Each folder is built under
-a temporary name and marked complete (see :mod:`nsd.markers`), as in :mod:`nsd.models`.
+a temporary name and marked complete (see :mod:`nsd.models.markers`), as in
+:mod:`nsd.models.registry`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nsd.errors import NSDError
-from nsd.markers import check_marker, ensure_artefact, notice
-from nsd.model_files import (GGUFInfo, check_gguf, check_hf_folder, check_transformers_support,
-                             require_tokenizer)
-from nsd.models import (REGISTRY, cache_dir, check_free_space, disk_full_error, fetch_gguf,
-                        is_hf_dir, model_path, unknown_model_message)
+from nsd.models.files import (GGUFInfo, check_gguf, check_hf_folder, check_transformers_support,
+                              require_tokenizer)
+from nsd.models.markers import check_marker, ensure_artefact, notice
+from nsd.models.registry import (REGISTRY, cache_dir, check_free_space, disk_full_error, fetch_gguf,
+                                 is_hf_dir, model_path, unknown_model_message)
 
 
 def _gguf_and_home(name_or_path: str | Path, *, progress: bool) -> tuple[Path, Path]:
@@ -46,7 +47,7 @@ def _gguf_and_home(name_or_path: str | Path, *, progress: bool) -> tuple[Path, P
 
 def _build_atomically(target: Path, build: Callable[[Path], None], what: str,
                       adopt: Callable[[Path], None] | None = None) -> Path:
-    """:func:`nsd.markers.ensure_artefact`, with a full disk reported as such."""
+    """:func:`nsd.models.markers.ensure_artefact`, with a full disk reported as such."""
     try:
         return ensure_artefact(target, build, what, adopt)
     except OSError as exc:

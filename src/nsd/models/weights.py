@@ -12,7 +12,7 @@ Cache layout (under the nsd cache root)::
 
 ``key`` hashes the source's path, size and modification time, so an edited source gets
 new derived files. The file is built under a temporary name, renamed into place and only
-then marked (:mod:`nsd.markers`); a damaged or unmarked one is rebuilt with a notice.
+then marked (:mod:`nsd.models.markers`); a damaged or unmarked one is rebuilt with a notice.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from nsd.errors import NSDError
-from nsd.markers import ensure_artefact
+from nsd.models.markers import ensure_artefact
 
 WEIGHT_CHOICES = ("auto", "original", "q4_0", "q8_0")
 DERIVED_FORMATS = ("q4_0", "q8_0")
@@ -39,7 +39,7 @@ def check_weights(choice: str) -> str:
 
 
 def _derived_dir(source: Path) -> Path:
-    from nsd.models import cache_dir
+    from nsd.models.registry import cache_dir
 
     st = source.stat()
     ident = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()

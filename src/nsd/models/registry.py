@@ -14,11 +14,11 @@ Cache layout (root: ``$NSD_CACHE``, else ``~/.cache/nsd``)::
     models/<name>/tokenizer/     tokenizer only, when no full conversion exists
     converted/<key>/hf|tokenizer conversions of user-supplied .gguf files
 
-(the conversions are built by :mod:`nsd.hf_convert`).
+(the conversions are built by :mod:`nsd.models.hf_convert`).
 
 Every file or folder is written under a temporary name next to its target, renamed
-into place, and then given a completion marker (see :mod:`nsd.markers`), so an interrupted
-run never leaves something that looks finished. Each artefact is checked against its
+into place, and then given a completion marker (see :mod:`nsd.models.markers`), so an
+interrupted run never leaves something that looks finished. Each artefact is checked against its
 marker before use and rebuilt, with a notice, when it is damaged; the registry GGUF is
 checked against its pinned SHA-256 and fetched again rather than ever used damaged.
 """
@@ -39,9 +39,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nsd.errors import NSDError
-from nsd.markers import (check_marker, notice, remove_artefact, remove_marker,
-                         remove_stale_temps, sha256_file, write_marker)
-from nsd.model_files import check_gguf, check_hf_folder, require_tokenizer
+from nsd.models.files import check_gguf, check_hf_folder, require_tokenizer
+from nsd.models.markers import (check_marker, notice, remove_artefact, remove_marker,
+                                remove_stale_temps, sha256_file, write_marker)
 
 _CHUNK_BYTES = 4 << 20
 # Headroom on top of a file's own size, so we never fill the disk to the last byte.
@@ -66,7 +66,7 @@ class ResolvedModel:
 
     ``gguf_path`` is set for registry names and ``.gguf`` files, ``hf_dir`` for a Hugging
     Face folder given directly. A backend that needs a folder calls
-    ``nsd.hf_convert.ensure_hf_folder(m.hf_dir or m.gguf_path)``.
+    ``nsd.models.hf_convert.ensure_hf_folder(m.hf_dir or m.gguf_path)``.
     """
 
     name: str

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
-from nsd.markers import ensure_artefact
-from nsd.model_files import check_gguf
+from nsd.models.files import check_gguf
+from nsd.models.markers import ensure_artefact
 
 # Rows whose vocabulary dimension is sliced; every other tensor is copied as is.
 _VOCAB_TENSORS = ("token_embd.weight", "output.weight")
