@@ -263,7 +263,7 @@ def test_real_model_tests_skip_on_the_documented_switch(monkeypatch) -> None:
     # README documents NSD_SKIP_REAL_MODELS=1; the fetch test must honour it (and fetch
     # nothing), and no test may read a differently spelt switch.
     monkeypatch.setenv("NSD_SKIP_REAL_MODELS", "1")
-    monkeypatch.setattr(models, "fetch_gguf",
+    monkeypatch.setattr(registry, "fetch_gguf",
                         lambda *a, **k: pytest.fail("fetched although NSD_SKIP_REAL_MODELS=1"))
     with pytest.raises(pytest.skip.Exception):
         test_real_smollm2_fetch_and_convert()

@@ -310,8 +310,8 @@ def test_typical_set_on_half_precision_inputs_is_the_float32_one(dtype: torch.dt
     rule = RuleConfig(kind="typical")
     expected = relaxed_set_mask(reference, rule)
     assert expected.any(dim=-1).all()  # every row has a typical set (its top token at least)
-    assert torch.equal(typical_threshold(half, rule.epsilon, rule.typical_delta),
-                       typical_threshold(reference, rule.epsilon, rule.typical_delta))
+    assert torch.equal(typical_threshold(half, rule.typical_epsilon, rule.typical_delta),
+                       typical_threshold(reference, rule.typical_epsilon, rule.typical_delta))
     assert torch.equal(relaxed_set_mask(half, rule), expected)
     # The single-token test (one-hot q) sees the same set.
     draft = torch.multinomial(reference, 1, generator=gen)  # [rows, 1]
