@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mock import ByteTokenizer, CharTokenizer, MockLM, ScriptLM, cycle_lm
-from nsd.api import Engine, GenerationConfig, _StopScanner
+from nsd.api import Engine, GenerationConfig
+from nsd.stops import StopScanner
 from nsd.costmodel import AdaptiveK
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
@@ -295,7 +296,7 @@ def test_stop_scanner_does_not_count_replacement_characters_towards_its_margin()
     stop = "\U0001F642" * 6
     tokenizer = ByteTokenizer()
     generated = tokenizer.encode("ab" + stop)
-    scan = _StopScanner(tokenizer, (stop,))
+    scan = StopScanner(tokenizer, (stop,))
     assert not scan(generated[:-1])
     assert scan(generated)
 
@@ -369,7 +370,7 @@ def test_stop_scanner_reaches_back_past_tokens_that_decode_to_nothing() -> None:
         def decode(self, tokens, skip_special_tokens: bool = False) -> str:
             return "".join(self.pieces[t] for t in tokens)
 
-    scan = _StopScanner(PieceTokenizer(), ("jk",))
+    scan = StopScanner(PieceTokenizer(), ("jk",))
     generated = [3, 1] + [0] * 40
     assert not scan(generated)
     generated += [2]

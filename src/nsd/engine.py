@@ -1,0 +1,224 @@
+"""The engine: a target model, optionally a draft model, their tokenizer, and generation.
+
+It loads the models (:mod:`nsd.models`), builds the proposer and the draft-length policy a
+generation asks for, runs :func:`nsd.decode.decode` and turns tokens into streamed text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Mapping, Sequence
+
+from nsd.backends.base import ModelBackend
+from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
+from nsd.decode import DecodeConfig, DecodeStats, decode
+from nsd.errors import NSDError
+from nsd.generation import GenerationConfig, GenerationResult
+from nsd.models.draft_vocab import VocabMap
+from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
+from nsd.models.registry import resolve_model
+from nsd.proposers.base import Proposer
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.ngram import NgramConfig, NgramProposer
+from nsd.stops import StopScanner, visible_text
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class Engine:
+    """A target model, optionally a draft model, and their shared tokenizer."""
+
+    def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
+                 options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
+                 draft_vocab: int | None = None, k_max: int = GenerationConfig.k_max) -> None:
+        proposer = proposer or ("draft" if draft else "ngram")
+        if proposer not in ("draft", "ngram"):
+            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
+        if proposer == "draft" and not draft:
+            raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
+        self.proposer_kind = proposer
+        self.ngram = ngram
+        if proposer == "draft":
+            resolve_model(draft)  # a damaged draft is reported before the target's slow load
+        # The target's costs are measured up to k_max + 1 tokens at once (verification).
+        self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
+        self.target = self.target_model.backend
+        self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)
+        self.draft_model: LoadedModel | None = None
+        self.draft: ModelBackend | None = None
+        self.draft_vocab_map: VocabMap | None = None
+        if proposer == "draft":
+            self.draft_model = load_backend(draft, options, draft_vocab,
+                                            weights=options.draft_weights or options.weights)
+            self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
+            _check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_model.tokenizer_dir),
+                                  target, draft)
+            if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
+                raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
+                               f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
+        self.eos_token_ids = self._eos_ids()
+
+    @classmethod
+    def from_backends(cls, target: ModelBackend, tokenizer, draft: ModelBackend | None = None,
+                      proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                      eos_token_ids: Sequence[int] | None = None) -> Engine:
+        """An engine over backends already loaded (any :class:`ModelBackend`, e.g. a test's
+        mock LM) and a tokenizer with ``encode``/``decode``. Their step costs, if ``-k
+        auto`` needs them, are measured in place and not cached."""
+        engine = cls.__new__(cls)
+        engine.proposer_kind = proposer or ("draft" if draft is not None else "ngram")
+        engine.ngram = ngram
+        engine.target_model = LoadedModel(target, None, None)
+        engine.target = target
+        engine.tokenizer = tokenizer
+        engine.draft_model = LoadedModel(draft, None, None) if draft is not None else None
+        engine.draft = draft
+        engine.draft_vocab_map = None
+        engine.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else engine._eos_ids()
+        return engine
+
+    @classmethod
+    def from_models(cls, target_model: Any, tokenizer: Any, draft_model: Any = None,
+                    proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                    max_len: int = 4096, compile: bool | str = False) -> Engine:
+        """An engine around models already in memory, like transformers' ``assistant_model``.
+
+        ``target_model`` and ``draft_model`` are transformers causal LMs (run where they
+        are, in their dtype, with nsd's static KV cache; not modified) or ready
+        :class:`ModelBackend` objects; ``tokenizer`` is the one tokenizer they share.
+        """
+        proposer = proposer or ("draft" if draft_model is not None else "ngram")
+        if proposer not in ("draft", "ngram"):
+            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
+        if proposer == "draft" and draft_model is None:
+            raise NSDError("the draft proposer needs a draft model (draft_model=...)")
+
+        def wrap(model: Any) -> ModelBackend:
+            if isinstance(model, ModelBackend):
+                return model
+            from nsd.backends.hf import HFBackend
+
+            return HFBackend.from_model(model, max_len=max_len, compile=compile)
+
+        target = wrap(target_model)
+        draft = wrap(draft_model) if proposer == "draft" else None
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise NSDError(f"the draft model has {draft.vocab_size} logits per token but the target "
+                           f"has {target.vocab_size}: they must share a vocabulary")
+        return cls.from_backends(target, tokenizer, draft, proposer=proposer, ngram=ngram)
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = set(getattr(self.target, "eos_token_ids", ()))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return tuple(sorted(ids))
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens the loaded models can hold (prompt + generation), or None when unbounded."""
+        limits = [getattr(m, attr) for m in (self.target, self.draft) if m is not None
+                  for attr in ("n_ctx", "max_positions") if isinstance(getattr(m, attr, None), int)]
+        return min(limits) if limits else None
+
+    def encode(self, prompt: str | Sequence[Mapping[str, str]], chat: bool = False,
+               system: str | None = None) -> list[int]:
+        """Token ids of ``prompt``; with ``chat``, wrapped in the model's chat template.
+
+        ``prompt`` may also be a conversation: a list of ``{"role", "content"}`` messages
+        with roles ``system``, ``user`` and ``assistant``, always wrapped in the template.
+        """
+        if not isinstance(prompt, str):
+            return self._encode_messages(list(prompt))
+        if not prompt or not prompt.strip():
+            raise NSDError("the prompt is empty")
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": prompt}]
+            return self._encode_messages(messages)
+        return self.tokenizer.encode(prompt)
+
+    def _encode_messages(self, messages: list[Mapping[str, str]]) -> list[int]:
+        for i, message in enumerate(messages):
+            if message.get("role") not in CHAT_ROLES:
+                raise NSDError(f"message {i} has role {message.get('role')!r}; roles are "
+                               f"{', '.join(CHAT_ROLES)}")
+            if not isinstance(message.get("content"), str):
+                raise NSDError(f"message {i} has no text content")
+        if not any(m["content"].strip() for m in messages):
+            raise NSDError("the prompt is empty")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
+        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+        text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def make_proposer(self, config: DecodeConfig) -> Proposer | None:
+        if not config.speculative:
+            return None
+        if self.proposer_kind == "ngram":
+            return NgramProposer(self.ngram)
+        return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
+                                  self.draft_vocab_map)
+
+    def k_policy(self, config: DecodeConfig) -> CostModelK | None:
+        """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
+
+        Costs: the target's stored ``c(1..k_max+1)`` and the draft's ``c(1)`` (0 for n-gram
+        lookups). Acceptance is learnt online within the generation, starting from the
+        same prior every time, and the policy's draws are seeded from ``config.seed``: a
+        seeded generation is therefore reproducible, whatever ran before it on this engine
+        and however busy the machine is.
+        """
+        if not (config.speculative and config.auto_k):
+            return None
+        target_costs = self.target_model.step_costs(config.k_max + 1)
+        draft_cost = 0.0
+        if self.proposer_kind == "draft":
+            draft_cost = self.draft_model.step_costs(1)[0]
+        return CostModelK(StepCosts(target_costs, draft_cost), AcceptanceTracker(config.k_max),
+                          config.k_max, seed=config.seed)
+
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
+               ) -> Generator[str, None, GenerationResult]:
+        """Yield text as it is produced; return the full :class:`GenerationResult`."""
+        decode_config = config.decode_config()
+        stops = tuple(s for s in config.stop if s)
+        tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
+        stop_check = StopScanner(self.tokenizer, stops) if stops else None
+        gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
+                     self.eos_token_ids, stop_check, self.k_policy(decode_config))
+        tokens: list[int] = []
+        shown = ""
+        while True:
+            try:
+                tokens.extend(next(gen))
+            except StopIteration as done:
+                stats: DecodeStats = done.value
+                break
+            text = visible_text(self.tokenizer, tokens, stops)
+            # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.
+            safe = text.rstrip("\ufffd")
+            if stops:
+                safe = safe[:max(len(shown), len(safe) - tail)]
+            if len(safe) > len(shown) and safe.startswith(shown):
+                yield safe[len(shown):]
+                shown = safe
+        text = visible_text(self.tokenizer, tokens, stops)
+        if len(text) > len(shown) and text.startswith(shown):
+            yield text[len(shown):]
+        return GenerationResult(text=text, token_ids=tokens, stats=stats)
+
+    def generate(self, prompt: str | Sequence[int], config: GenerationConfig = GenerationConfig(),
+                 chat: bool = False) -> GenerationResult:
+        ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
+        gen = self.stream(ids, config)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
+
+
+def _check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise NSDError(f"draft {draft} and target {target} use different tokenizers; speculative "
+                       "decoding needs a draft that shares the target's vocabulary")

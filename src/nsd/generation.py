@@ -1,0 +1,88 @@
+"""What one generation is asked to do and what it returns.
+
+:class:`GenerationConfig` holds the user-level options of one generation (the decoding
+rule and sampling, the draft-length policy: each defined once in :mod:`nsd.options`) and
+turns them into the loop's :class:`~nsd.decode.DecodeConfig`; :class:`GenerationResult`
+is the text, the token ids and the statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from nsd import options as optspec
+from nsd.decode import DecodeConfig, DecodeStats
+from nsd.errors import NSDError
+from nsd.sampling import SamplingConfig
+from nsd.verify import RuleConfig
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """User-level settings of one generation: the decoding rule and sampling options and
+    the draft-length options of :mod:`nsd.options` (defined there once, with default,
+    range and help), plus stop strings. Validated whole on construction; turned into a
+    :class:`DecodeConfig` for the loop."""
+
+    method: str = optspec.default("method")
+    theta: float = optspec.default("theta")
+    budget: float = optspec.default("budget")
+    cap: float = optspec.default("cap")
+    smooth: bool = optspec.default("smooth")
+    typical_epsilon: float = optspec.default("typical_epsilon")  # Medusa's posterior_threshold
+    typical_delta: float = optspec.default("typical_delta")  # Medusa's posterior_alpha
+    k: int | str = optspec.default("k")  # drafts per block, or "auto": the cost model picks (0..k_max)
+    k_max: int = optspec.default("k_max")
+    adaptive_k: bool = optspec.default("adaptive_k")
+    max_new_tokens: int = optspec.default("max_new_tokens")
+    temperature: float = optspec.default("temperature")
+    top_k: int = optspec.default("top_k")
+    top_p: float = optspec.default("top_p")
+    min_p: float = optspec.default("min_p")
+    seed: int = optspec.default("seed")
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        optspec.check_fields(self, optspec.DECODING)
+        optspec.check_fields(self, optspec.DRAFT_LENGTH)
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise NSDError(f"stop must be a sequence of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        self.decode_config()  # the combined checks (k_max >= k with adaptive k, ...)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> GenerationConfig:
+        """From any mapping holding some of the options (parsed flags, a JSON object)."""
+        picked = optspec.pick(values, [*optspec.DECODING, *optspec.DRAFT_LENGTH, "stop"])
+        if "stop" in picked:
+            picked["stop"] = tuple(picked["stop"] or ())
+        return cls(**{**picked, **overrides})
+
+    @property
+    def auto_k(self) -> bool:
+        # --adaptive-k keeps its own heuristic, starting from 4 when k is left to auto.
+        return self.k == "auto" and not self.adaptive_k
+
+    def rule(self) -> RuleConfig:
+        return RuleConfig.for_method(self.method, theta=self.theta, budget=self.budget,
+                                     cap=self.cap, smooth=self.smooth,
+                                     typical_epsilon=self.typical_epsilon,
+                                     typical_delta=self.typical_delta)
+
+    def decode_config(self) -> DecodeConfig:
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        k = 4 if self.k == "auto" else self.k
+        return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
+                            k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
+                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: DecodeStats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "stats": self.stats.to_dict()}
