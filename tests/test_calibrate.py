@@ -69,7 +69,7 @@ def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, mo
         yield SimpleNamespace(sample=SimpleNamespace(flagged=busy["flag"], other_cpu=0.9))
 
     monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.models.registry.cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
     files = {}
     for name in ("original", "q4_0"):
         files[name] = tmp_path / f"{name}.gguf"

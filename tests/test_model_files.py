@@ -13,7 +13,7 @@ import pytest
 from gguf_files import metadata_end, write_tiny_gguf
 from nsd.models import registry
 from nsd.errors import NSDError
-from nsd.models.files import (check_gguf, check_hf_folder, check_safetensors,
+from nsd.backends.files import (check_gguf, check_hf_folder, check_safetensors,
                              check_transformers_support, require_tokenizer)
 
 

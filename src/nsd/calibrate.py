@@ -135,7 +135,7 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
 
 
 def _cache_path(stem: str, key: dict[str, Any]) -> Path:
-    from nsd.models.registry import cache_dir
+    from nsd.cache import cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / "calibration" / f"{stem}-{digest}.json"

@@ -19,7 +19,7 @@ import torch
 
 from nsd.backends.kv_cache import StaticKVCache, causal_mask, static_cache_supported
 from nsd.errors import NSDError
-from nsd.models.files import check_hf_folder
+from nsd.backends.files import check_hf_folder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda")

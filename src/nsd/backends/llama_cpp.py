@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
-from nsd.models.files import check_gguf
+from nsd.backends.files import check_gguf
 
 _INSTALL_HINT = (
     "the llama.cpp backend needs llama-cpp-python, built for this CPU; run "

@@ -1,6 +1,6 @@
 """Model files: finding, fetching, checking, converting and loading them.
 
-Modules, lowest first: :mod:`~nsd.models.files` (header checks of GGUF files and Hugging
+Modules, lowest first: :mod:`~nsd.backends.files` (header checks of GGUF files and Hugging
 Face folders, before any loader), :mod:`~nsd.models.markers` (completion markers: cached
 artefacts checked before use), :mod:`~nsd.models.registry` (the registry: fetch, join,
 verify, resolve a model argument), :mod:`~nsd.models.hf_convert` (GGUF → Hugging Face
@@ -10,7 +10,7 @@ folder), :mod:`~nsd.models.weights` (Q4_0 / Q8_0 copies of a GGUF),
 
 The names below are importable from ``nsd.models`` itself. Each is imported from its
 module on first use, so that importing one module of the package (the backends import
-:mod:`~nsd.models.files`) loads no other, and listing or fetching models needs no torch.
+:mod:`~nsd.backends.files`) loads no other, and listing or fetching models needs no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft
-    from nsd.models.files import GGUFInfo, check_gguf, check_hf_folder
+    from nsd.backends.files import GGUFInfo, check_gguf, check_hf_folder
     from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
     from nsd.models.loader import (BACKENDS, BackendOptions, LoadedModel, llama_available,
                                    load_backend, load_tokenizer, pick_format)

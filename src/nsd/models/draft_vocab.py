@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
-from nsd.models.files import check_gguf
+from nsd.backends.files import check_gguf
 from nsd.models.markers import ensure_artefact
 
 # Rows whose vocabulary dimension is sliced; every other tensor is copied as is.

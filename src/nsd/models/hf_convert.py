@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nsd.errors import NSDError
-from nsd.models.files import (GGUFInfo, check_gguf, check_hf_folder, check_transformers_support,
+from nsd.backends.files import (GGUFInfo, check_gguf, check_hf_folder, check_transformers_support,
                               require_tokenizer)
 from nsd.models.markers import check_marker, ensure_artefact, notice
 from nsd.models.registry import (REGISTRY, cache_dir, check_free_space, disk_full_error, fetch_gguf,

@@ -39,7 +39,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nsd.errors import NSDError
-from nsd.models.files import check_gguf, check_hf_folder, require_tokenizer
+from nsd.cache import cache_dir
+from nsd.backends.files import check_gguf, check_hf_folder, require_tokenizer
 from nsd.models.markers import (check_marker, notice, remove_artefact, remove_marker,
                                 remove_stale_temps, sha256_file, write_marker)
 
@@ -120,12 +121,6 @@ REGISTRY: dict[str, ModelSpec] = {
         ),
     )
 }
-
-
-def cache_dir() -> Path:
-    """Cache root: ``$NSD_CACHE`` if set, else ``~/.cache/nsd`` (read on every call)."""
-    override = os.environ.get("NSD_CACHE")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "nsd"
 
 
 def model_path(name: str) -> Path:
