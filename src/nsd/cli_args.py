@@ -64,8 +64,10 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
     p.add_argument("--target", required=need_target, default=None,
                    help="target model: registry name (see `nsd models list`), .gguf file or HF folder")
     p.add_argument("--draft", default=None, help="draft model (same tokenizer as the target)")
-    p.add_argument("--proposer", choices=["draft", "ngram"], default=None,
-                   help="where drafts come from (default: draft if --draft is given, else ngram)")
+    p.add_argument("--proposer", choices=["draft", "ngram", "hybrid"], default=None,
+                   help="where drafts come from: the draft model, prompt lookup (ngram), or "
+                        "hybrid: both, the cheaper per block (default: draft if --draft is "
+                        "given, else ngram)")
     p.add_argument("--draft-vocab", type=_number(int, False), default=None, metavar="N",
                    help="draft over a reduced vocabulary: the N most frequent tokens plus the "
                         "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")

@@ -226,6 +226,9 @@ class CostModelK:
     predicted_tokens: float = 0.0
     predicted_s: float = 0.0
     seed: int = 0
+    # With a second, free proposer (prompt lookup beside the draft model): its own
+    # acceptance estimate. Its blocks cost no draft steps; see :meth:`plan`.
+    lookup_tracker: AcceptanceTracker | None = None
     # A draft that sat out plain steps must first read what it missed: ``catchup`` times
     # its step cost per missed token (a batched forward costs far less per token than a
     # single step: a 95-token prefill of the 1.5B took ~0.3 steps per token on 2 cores).
@@ -233,6 +236,7 @@ class CostModelK:
     _behind: int = 0
     _plain_run: int = 0
     _probe_wait: int = 0
+    _last_lookup: bool = False
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -248,6 +252,13 @@ class CostModelK:
         self._behind = prompt_tokens  # the draft has seen nothing of this context yet
 
     def next_k(self, remaining: int) -> int:
+        return self.plan(remaining, 0)[0]
+
+    def plan(self, remaining: int, free: int) -> tuple[int, bool]:
+        """The next block: ``(k, from_lookup)``. ``free`` tokens can be proposed at no
+        draft cost by prompt lookup; a lookup block of ``j ≤ free`` tokens costs only
+        ``c_t(j + 1)`` and is priced with the lookup's own acceptance estimate. The
+        cheaper proposer wins the block on expected tokens per second."""
         k_cap = max(0, min(self.k_max, remaining - 1))
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
@@ -262,6 +273,16 @@ class CostModelK:
         hopeless = pick([1.0] * k_cap)[0] == 0
         alpha = self.tracker.sample(self._rng)
         choice = pick(alpha)
+        lookup = self._lookup_choice(min(free, k_cap))
+        if lookup is not None and lookup[1] / lookup[2] > choice[1] / choice[2]:
+            k, tokens, seconds = lookup
+            self._last_lookup = True
+            self._plain_run = 0
+            self.chosen.append(k)
+            self.predicted_tokens += expected_tokens(self.lookup_tracker.rates(), k)
+            self.predicted_s += seconds
+            return k, True
+        self._last_lookup = False
         if choice[0] > 0:
             self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
         elif not hopeless and self._plain_run >= self._probe_wait and k_cap > 0:
@@ -273,7 +294,20 @@ class CostModelK:
         # The prediction reported uses the posterior mean, not the draw the choice used.
         self.predicted_tokens += expected_tokens(self.tracker.rates(), k)
         self.predicted_s += choice[2]
-        return k
+        return k, False
+
+    def _lookup_choice(self, free: int) -> tuple[int, float, float] | None:
+        """The best lookup block of at most ``free`` tokens as (j, tokens, seconds)."""
+        if self.lookup_tracker is None or free < 1:
+            return None
+        alpha = self.lookup_tracker.sample(self._rng)
+        best = None
+        for j in range(1, free + 1):
+            tokens = expected_tokens(alpha, j)
+            seconds = self.costs.target_cost(j + 1) + self.overhead_s
+            if best is None or tokens / seconds > best[1] / best[2]:
+                best = (j, tokens, seconds)
+        return best
 
     def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
                 overhead_s: float) -> None:
@@ -281,6 +315,12 @@ class CostModelK:
         # drafted and accepted moves the policy.
         # After a drafted block the draft lags by the token the target added; after a
         # plain step by one more.
+        if self._last_lookup:
+            # The draft model saw none of this block: it falls further behind.
+            self._behind += accepted + 1
+            if drafted > 0:
+                self.lookup_tracker.update(drafted, accepted)
+            return
         self._behind = 1 if drafted > 0 else self._behind + 1
         if drafted > 0:
             self.tracker.update(drafted, accepted)

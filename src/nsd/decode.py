@@ -87,6 +87,7 @@ class DecodeStats:
     accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
     k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
+    lookup_blocks: int = 0  # blocks proposed by prompt lookup instead of the draft model
 
     @property
     def tau(self) -> float:
@@ -174,18 +175,37 @@ def decode(
     policy = k_policy if k_policy is not None else \
         (config.default_policy() if config.speculative else FixedK(0))
     policy.begin(len(prompt_ids))
+    # A proposer with a free source (prompt lookup beside a draft model) says how many
+    # tokens it could propose for nothing; a policy that can price both picks per block.
+    free_length = getattr(proposer, "free_length", None) if config.speculative else None
+    plan = getattr(policy, "plan", None)
+    lookup_blocks = 0
     stop_reason = "length"
 
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
-        k = max(0, min(policy.next_k(remaining) if config.speculative else 0, remaining - 1))
+        free = free_length(context, min(config.k_max, remaining - 1)) if free_length else 0
+        if not config.speculative:
+            k, from_lookup = 0, False
+        elif plan is not None:
+            k, from_lookup = plan(remaining, free)
+        else:  # fixed or adaptive k: lookup takes the block when it covers all of it
+            k = policy.next_k(remaining)
+            from_lookup = free >= k > 0
+        k = max(0, min(k, remaining - 1))
+        lookup_blocks += int(from_lookup and k > 0)
         if k > len(attempts):
             attempts += [0] * (k - len(attempts))
             accepts += [0] * (k - len(accepts))
         if config.speculative:
             k_per_pass.append(k)
         t0 = time.perf_counter()
-        proposal = proposer.propose(context, k, generator) if (config.speculative and k > 0) else None
+        if not (config.speculative and k > 0):
+            proposal = None
+        elif from_lookup:
+            proposal = proposer.propose(context, k, generator, lookup=True)
+        else:
+            proposal = proposer.propose(context, k, generator)
         draft = proposal.tokens.tolist() if proposal is not None else []
         t1 = time.perf_counter()
         logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
@@ -272,6 +292,7 @@ def decode(
         accepted_per_pass=accepted_per_pass,
         k_per_pass=k_per_pass,
         predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
+        lookup_blocks=lookup_blocks,
     )
 
 

@@ -18,10 +18,16 @@ from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_to
 from nsd.models.registry import resolve_model
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.hybrid import HybridProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.stops import StopScanner, visible_text
 
 CHAT_ROLES = ("system", "user", "assistant")
+# draft: the draft model; ngram: prompt lookup alone; hybrid: both, the policy choosing the
+# cheaper one per block (needs -k auto to price them; with a fixed k lookup takes a block
+# it covers whole).
+PROPOSERS = ("draft", "ngram", "hybrid")
+_NEEDS_DRAFT = ("draft", "hybrid")
 
 
 class Engine:
@@ -31,13 +37,13 @@ class Engine:
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
                  draft_vocab: int | None = None, k_max: int = GenerationConfig.k_max) -> None:
         proposer = proposer or ("draft" if draft else "ngram")
-        if proposer not in ("draft", "ngram"):
-            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
-        if proposer == "draft" and not draft:
-            raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
+        if proposer not in PROPOSERS:
+            raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
+        if proposer in _NEEDS_DRAFT and not draft:
+            raise NSDError(f"the {proposer} proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
-        if proposer == "draft":
+        if proposer in _NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
@@ -46,7 +52,7 @@ class Engine:
         self.draft_model: LoadedModel | None = None
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
-        if proposer == "draft":
+        if proposer in _NEEDS_DRAFT:
             self.draft_model = load_backend(draft, options, draft_vocab,
                                             weights=options.draft_weights or options.weights)
             self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
@@ -87,10 +93,10 @@ class Engine:
         :class:`ModelBackend` objects; ``tokenizer`` is the one tokenizer they share.
         """
         proposer = proposer or ("draft" if draft_model is not None else "ngram")
-        if proposer not in ("draft", "ngram"):
-            raise NSDError(f"unknown proposer {proposer!r}; choose draft or ngram")
-        if proposer == "draft" and draft_model is None:
-            raise NSDError("the draft proposer needs a draft model (draft_model=...)")
+        if proposer not in PROPOSERS:
+            raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
+        if proposer in _NEEDS_DRAFT and draft_model is None:
+            raise NSDError(f"the {proposer} proposer needs a draft model (draft_model=...)")
 
         def wrap(model: Any) -> ModelBackend:
             if isinstance(model, ModelBackend):
@@ -100,7 +106,7 @@ class Engine:
             return HFBackend.from_model(model, max_len=max_len, compile=compile)
 
         target = wrap(target_model)
-        draft = wrap(draft_model) if proposer == "draft" else None
+        draft = wrap(draft_model) if proposer in _NEEDS_DRAFT else None
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise NSDError(f"the draft model has {draft.vocab_size} logits per token but the target "
                            f"has {target.vocab_size}: they must share a vocabulary")
@@ -156,8 +162,11 @@ class Engine:
             return None
         if self.proposer_kind == "ngram":
             return NgramProposer(self.ngram)
-        return DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
-                                  self.draft_vocab_map)
+        draft = DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
+                                   self.draft_vocab_map)
+        if self.proposer_kind == "hybrid":
+            return HybridProposer(draft, NgramProposer(self.ngram))
+        return draft
 
     def k_policy(self, config: DecodeConfig) -> CostModelK | None:
         """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
@@ -172,10 +181,11 @@ class Engine:
             return None
         target_costs = self.target_model.step_costs(config.k_max + 1)
         draft_cost = 0.0
-        if self.proposer_kind == "draft":
+        if self.proposer_kind in _NEEDS_DRAFT:
             draft_cost = self.draft_model.step_costs(1)[0]
+        lookup = AcceptanceTracker(config.k_max) if self.proposer_kind == "hybrid" else None
         return CostModelK(StepCosts(target_costs, draft_cost), AcceptanceTracker(config.k_max),
-                          config.k_max, seed=config.seed)
+                          config.k_max, seed=config.seed, lookup_tracker=lookup)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:

@@ -85,8 +85,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid.add_argument("--budget-theta", type=float, default=None,
                       help="θ used by nsd-budget (default: the largest --theta)")
     grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
-                      help="draft and/or ngram, comma-separated (default: draft if a draft model "
-                           "is set, else ngram)")
+                      help="draft, ngram and/or hybrid (draft model and prompt lookup, the cheaper "
+                           "per block), comma-separated (default: draft if a draft model is set, "
+                           "else ngram)")
     grid.add_argument("--max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS,
                       help=f"new tokens per generation (default {BENCH_MAX_NEW_TOKENS}, longer than "
                            "a plain generation's: HumanEval usually stops earlier at its stop "
@@ -146,7 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]
     specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks)
-    if not args.draft and any(s.proposer == "draft" or s.family == "hf-assisted" for s in specs):
+    if not args.draft and any(s.proposer in ("draft", "hybrid") or s.family == "hf-assisted" for s in specs):
         raise NSDError("the draft proposer and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).
     base = generation_config(args, method="ar", theta=optspec.default("theta"),
@@ -190,7 +191,7 @@ def _runner(args: argparse.Namespace, config, journal):
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods
-    engine = _engine(args, draft=any(m.proposer == "draft" for m in methods))
+    engine = _engine(args, draft=any(m.proposer in ("draft", "hybrid") for m in methods))
     peers = None
     if any(m.is_hf for m in methods):
         from nsd.bench.hf_peers import HFPeers

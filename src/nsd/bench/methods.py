@@ -20,7 +20,7 @@ from nsd.errors import NSDError
 
 FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld",
             "llama-generate")
-PROPOSERS = ("draft", "ngram")
+PROPOSERS = ("draft", "ngram", "hybrid")  # hybrid: the draft model and prompt lookup
 
 
 def is_peer_family(family: str) -> bool:
@@ -86,7 +86,7 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         raise NSDError(f"unknown method {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
     bad = [p for p in proposers if p not in PROPOSERS]
     if bad:
-        raise NSDError(f"unknown proposer {bad[0]!r}; choose draft and/or ngram")
+        raise NSDError(f"unknown proposer {bad[0]!r}; choose from {', '.join(PROPOSERS)}")
     if not families:
         raise NSDError("no methods given")
     if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):

@@ -184,7 +184,7 @@ class BenchRunner:
         if spec.is_hf:
             return {}
         out = {"target": getattr(getattr(self.engine, "target_model", None), "weights", None)}
-        if spec.proposer == "draft":
+        if spec.proposer in ("draft", "hybrid"):
             out["draft"] = getattr(getattr(self.engine, "draft_model", None), "weights", None)
         return out
 

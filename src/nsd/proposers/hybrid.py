@@ -1,0 +1,50 @@
+"""Prompt lookup beside a draft model: the free proposer where the text repeats.
+
+Copying a continuation of an earlier occurrence of the context's last n-gram costs
+nothing, and where text repeats (code being edited, a document being summarised or
+quoted, a conversation echoing itself) such copies are often accepted. Elsewhere the draft
+model proposes. Which one drafts the next block, and how many tokens, is the draft-length
+policy's choice (:meth:`nsd.costmodel.CostModelK.plan` prices both: a lookup block costs
+no draft steps and has its own acceptance estimate); this class only offers both.
+
+Exactness is untouched: each block is verified against the ``q`` it was really drawn from
+(one-hot for a copied block), and which proposer drafts depends only on the context.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from nsd.proposers.base import Proposal
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.ngram import NgramProposer
+
+
+class HybridProposer:
+    """A draft model, and prompt lookup over the context for free blocks."""
+
+    def __init__(self, draft: DraftModelProposer, lookup: NgramProposer) -> None:
+        self.draft = draft
+        self.lookup = lookup
+        self._cached: tuple[int, int, Proposal] | None = None  # (context length, n, proposal)
+
+    def free_length(self, context: Sequence[int], n: int) -> int:
+        """How many tokens (up to ``n``) prompt lookup can propose after ``context``."""
+        if n <= 0:
+            return 0
+        proposal = self.lookup.propose(context, n, None)  # type: ignore[arg-type]  # deterministic
+        self._cached = (len(context), n, proposal)
+        return len(proposal)
+
+    def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
+                lookup: bool = False) -> Proposal:
+        if not lookup:
+            return self.draft.propose(context, k, generator)
+        cached = self._cached
+        if cached is not None and cached[0] == len(context) and cached[1] >= k:
+            proposal = cached[2]
+        else:
+            proposal = self.lookup.propose(context, k, generator)
+        return Proposal(proposal.tokens[:k], None)

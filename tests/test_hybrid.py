@@ -1,0 +1,107 @@
+"""Prompt lookup beside the draft model: the policy prices both, exactness holds."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mock import MockLM
+from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
+from nsd.decode import DecodeConfig, decode, run_to_end
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.proposers.hybrid import HybridProposer
+from nsd.proposers.ngram import NgramConfig, NgramProposer
+from nsd.sampling import SamplingConfig
+from test_decode import _exact_sequence_probs, _reference_probs
+
+
+def _policy(lookup_prior: float, seed: int = 0) -> CostModelK:
+    costs = StepCosts((0.04, 0.05, 0.055, 0.06, 0.065), draft=0.015)
+    return CostModelK(costs, AcceptanceTracker(4, prior=0.7), k_max=4, seed=seed,
+                      lookup_tracker=AcceptanceTracker(4, prior=lookup_prior, weight=500.0))
+
+
+def test_plan_takes_lookup_where_it_is_free_and_likely_accepted() -> None:
+    confident = _policy(0.95)
+    k, from_lookup = confident.plan(100, free=3)
+    assert from_lookup and 1 <= k <= 3  # never more than lookup can copy
+    assert confident.plan(100, free=0)[1] is False  # nothing to copy: the draft model
+    doubtful = _policy(0.02)  # lookup blocks are nearly always rejected
+    assert not any(doubtful.plan(100, free=4)[1] for _ in range(30))
+    no_lookup = CostModelK(StepCosts((0.04, 0.05, 0.055, 0.06, 0.065), draft=0.015),
+                           AcceptanceTracker(4), k_max=4)
+    assert no_lookup.plan(100, free=4)[1] is False
+
+
+def test_lookup_blocks_teach_their_own_tracker_and_leave_the_draft_behind() -> None:
+    policy = _policy(0.6)
+    policy.begin(10)
+    k, from_lookup = policy.plan(100, free=4)
+    before = list(policy.tracker.attempts)
+    if from_lookup:
+        policy.observe(k, k, k, 0.0, 0.05, 0.0)
+        assert policy.tracker.attempts == before  # the draft's estimate is untouched
+        assert sum(policy.lookup_tracker.attempts) > 0
+        assert policy._behind == 10 + k + 1  # the draft saw none of the block
+
+
+def test_hybrid_proposer_copies_or_drafts() -> None:
+    greedy = SamplingConfig()
+    hybrid = HybridProposer(DraftModelProposer(MockLM(seed=1), greedy), NgramProposer(NgramConfig(max_ngram=2)))
+    context = [5, 6, 7, 8, 9, 5, 6]
+    assert hybrid.free_length(context, 4) == 4  # 7, 8, 9, 5 follow the earlier "5 6"
+    copied = hybrid.propose(context, 2, torch.Generator(), lookup=True)
+    assert copied.tokens.tolist() == [7, 8] and copied.probs is None
+    drafted = hybrid.propose(context, 3, torch.Generator())
+    assert len(drafted) == 3
+
+
+def _repetitive_run(target, config, policy_seed, seed_ctx=(1, 2, 3, 1, 2, 3, 1, 2)):
+    hybrid = HybridProposer(DraftModelProposer(MockLM(vocab_size=target.vocab_size, seed=31),
+                                               config.sampling), NgramProposer())
+    costs = StepCosts(tuple(0.04 * (1 + 0.05 * n) for n in range(7)), draft=0.01)
+    policy = CostModelK(costs, AcceptanceTracker(6), k_max=6, seed=policy_seed,
+                        lookup_tracker=AcceptanceTracker(6, prior=0.9))
+    return run_to_end(decode(target, list(seed_ctx), config, hybrid, k_policy=policy))
+
+
+def test_greedy_sd_with_hybrid_blocks_equals_ar() -> None:
+    target = MockLM(seed=30, sharpness=4.0)
+    greedy = SamplingConfig()
+    ar, _ = run_to_end(decode(target, [1, 2, 3, 1, 2, 3, 1, 2],
+                              DecodeConfig(speculative=False, sampling=greedy, max_new_tokens=40)))
+    config = DecodeConfig(sampling=greedy, auto_k=True, k_max=6, max_new_tokens=40)
+    tokens, stats = _repetitive_run(target, config, policy_seed=0)
+    assert tokens == ar
+    assert stats.lookup_blocks > 0 and stats.lookup_blocks < stats.target_passes
+
+
+def test_sampled_sd_with_hybrid_blocks_keeps_the_target_law() -> None:
+    """Whichever proposer drafts a block (chosen from the context only), exact SD samples
+    the target's sequence law: chi-square against the law computed without nsd."""
+    v, length, n = 6, 3, 2500
+    knobs = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    sampling = SamplingConfig(**knobs)
+    target = MockLM(vocab_size=v, seed=20, sharpness=1.2)
+    prompt = (1, 2, 1, 2)  # "1 2" repeats: lookup can propose "1 2 ..."
+    exact = _exact_sequence_probs(target, list(prompt), length, v,
+                                  lambda logits: _reference_probs(logits, **knobs))
+    counts: dict[tuple, int] = {}
+    lookups = 0
+    for seed in range(n):
+        config = DecodeConfig(sampling=sampling, auto_k=True, k_max=3, max_new_tokens=length, seed=seed)
+        tokens, stats = _repetitive_run(target, config, policy_seed=seed, seed_ctx=prompt)
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+        lookups += stats.lookup_blocks
+    assert lookups > n // 4  # lookup really drafted a share of the blocks
+    assert set(counts) <= set(exact)
+    big = [s for s, p in exact.items() if n * p >= 5]
+    cells = [(counts.get(s, 0), n * exact[s]) for s in big]
+    rest = sum(p for s, p in exact.items() if n * p < 5)
+    if rest > 0:
+        cells.append((n - sum(o for o, _ in cells), n * rest))
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert dof >= 10, dof
+    assert chi2 < dof + 5 * math.sqrt(2 * dof), (chi2, dof)
