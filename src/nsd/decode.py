@@ -18,7 +18,7 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from nsd import options as optspec
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposer
@@ -87,6 +87,7 @@ class DecodeStats:
     accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
     k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
 
     @property
     def tau(self) -> float:
@@ -158,9 +159,16 @@ def decode(
     sampling, rule = config.sampling, config.rule
     eos = set(eos_token_ids)
     context = list(prompt_ids)
-    target.reset()
-    if len(context) > 1:
-        target.forward(context[:-1], all_logits=False)
+    # Prefill: keep the longest prefix of the prompt the cache already holds (the last
+    # conversation, or a prefix-cache entry restored into it) and feed only the rest.
+    held = cached_tokens(target)
+    reused = 0 if held is None else common_prefix_length(held, context[:-1])
+    if reused:
+        target.rewind(reused)
+    else:
+        target.reset()
+    if len(context) - 1 > reused:
+        target.forward(context[reused:-1], all_logits=False)
     prefill_s = time.perf_counter() - start
 
     generated: list[int] = []
@@ -272,6 +280,7 @@ def decode(
         accepted_per_pass=accepted_per_pass,
         k_per_pass=k_per_pass,
         predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
+        cached_prompt_tokens=reused,
     )
 
 

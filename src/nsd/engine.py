@@ -16,6 +16,7 @@ from nsd.generation import GenerationConfig, GenerationResult
 from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
 from nsd.models.registry import resolve_model
+from nsd.prefix_cache import PrefixCache
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
@@ -25,7 +26,14 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 class Engine:
-    """A target model, optionally a draft model, and their shared tokenizer."""
+    """A target model, optionally a draft model, and their shared tokenizer.
+
+    Each generation reuses the longest prefix of its prompt that the models' caches still
+    hold from the last one; with a :class:`~nsd.prefix_cache.PrefixCache` in
+    ``prefix_cache``, also saved snapshots of earlier sequences (and reuse is counted).
+    """
+
+    prefix_cache: PrefixCache | None = None
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
@@ -184,6 +192,10 @@ class Engine:
         stops = tuple(s for s in config.stop if s)
         tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
         stop_check = StopScanner(self.tokenizer, stops) if stops else None
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.prepare(self.target, self.draft if self.proposer_kind == "draft" else None,
+                          prompt_ids)
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
                      self.eos_token_ids, stop_check, self.k_policy(decode_config))
         tokens: list[int] = []
@@ -193,6 +205,8 @@ class Engine:
                 tokens.extend(next(gen))
             except StopIteration as done:
                 stats: DecodeStats = done.value
+                if cache is not None:
+                    cache.record(stats.prompt_tokens, stats.cached_prompt_tokens)
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.

@@ -6,19 +6,14 @@ from typing import Sequence
 
 import torch
 
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.models.draft_vocab import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal
 from nsd.sampling import SamplingConfig, logits_to_probs, sample_from
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+__all__ = ["DraftModelProposer", "common_prefix_length"]
 
 
 class DraftModelProposer:
@@ -41,7 +36,12 @@ class DraftModelProposer:
         self.backend = backend
         self.sampling = sampling
         self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
-        self._fed: list[int] = []  # target-vocabulary tokens whose KV the draft cache holds
+        # Target-vocabulary tokens whose KV the draft cache holds. A cache that says what it
+        # holds (left by an earlier generation or restored from a prefix cache) is reused
+        # as far as it matches; one that does not, or a reduced-vocabulary draft's (whose
+        # ids are not the target's), is rebuilt from scratch.
+        held = cached_tokens(backend) if vocab_map is None else None
+        self._fed: list[int] = list(held) if held is not None else []
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
         if k <= 0:

@@ -296,6 +296,7 @@ def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
     stats = result.stats
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
             "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
 
 
