@@ -160,6 +160,11 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
         gen_config = generation_config(req, config.defaults,
                                        req.requested_tokens or config.defaults.max_new_tokens)
         engine = model.engine
+        vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
+        if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):
+            bad = next(t for t, _ in req.logit_bias_pairs if t >= vocab)
+            raise ApiError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})",
+                           param="logit_bias", code="invalid_value")
         prompt_ids = await _encode(engine, req)
         gen_config = dataclasses.replace(gen_config, max_new_tokens=_max_new_tokens(
             req, len(prompt_ids), getattr(engine, "context_length", None),
