@@ -14,6 +14,8 @@ the first text chunk. The rows, in order:
 5. ``A turn 3 (restored)``: A's next turn, served from A's saved snapshot.
 
     python benchmarks/serve_prefix_cache.py --json benchmarks/results/serve_prefix_cache.json
+    python benchmarks/serve_prefix_cache.py --max-chars 2600 \
+        --json benchmarks/results/serve_prefix_cache_short.json
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def main() -> int:
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("-k", default="auto",
+                        help="draft length (default auto, which on a 2-core CPU mostly picks 0: "
+                             "no drafting, so the draft's cache is never filled)")
+    parser.add_argument("--max-chars", type=int, default=None,
+                        help="cut the reviewed source to this many characters (a shorter chat)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -86,10 +93,11 @@ def main() -> int:
     t0 = time.perf_counter()
     engine = Engine(args.target, draft=args.draft, options=options)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    config = ServerConfig(model_name="m", defaults=GenerationConfig(method="nsd"))
+    k = args.k if args.k == "auto" else int(args.k)
+    config = ServerConfig(model_name="m", defaults=GenerationConfig(method="nsd", k=k))
     server, thread, url = serve(engine, config)
 
-    source = (ROOT / "src" / "nsd" / "sampling.py").read_text()
+    source = (ROOT / "src" / "nsd" / "sampling.py").read_text()[:args.max_chars]
     other = (ROOT / "src" / "nsd" / "stops.py").read_text()
     conv_a = [{"role": "system", "content": "You are a careful Python reviewer."},
               {"role": "user", "content": f"Review this module:\n\n```python\n{source}\n```\n"
