@@ -49,6 +49,30 @@ class MockLM:
         self._tokens = []
 
 
+class CachingLM(MockLM):
+    """A mock LM that says which tokens its cache holds and saves/restores it, like the
+    llama.cpp and transformers backends: the prefix cache and prefill reuse apply."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.fed_tokens = 0  # tokens evaluated, over all forwards
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
+        self.fed_tokens += len(tokens)
+        return super().forward(tokens, all_logits)
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def save_state(self) -> tuple[list[int], bytes]:
+        return list(self._tokens), bytes(8 * len(self._tokens))
+
+    def load_state(self, tokens: Sequence[int], state: bytes) -> None:
+        assert len(state) == 8 * len(tokens)
+        self._tokens = list(tokens)
+
+
 def cycle_lm(vocab_size: int, margin: float = 20.0) -> MockLM:
     """A target whose greedy continuation of token ``i`` is ``i + 1`` (mod V), by ``margin``
     logits over every other token: periodic text that n-gram lookup drafts far ahead."""

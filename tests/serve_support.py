@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import uvicorn
 
-from mock import MockLM
+from mock import CachingLM
 from nsd.api import Engine
 from nsd.serve import ServerConfig, create_app
 from nsd.serve.server import bind_socket
@@ -33,7 +33,7 @@ class MockTokenizer:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
-class SlowLM(MockLM):
+class SlowLM(CachingLM):
     """A mock LM whose every forward takes ``delay`` seconds, like a real model would."""
 
     def __init__(self, delay: float = 0.0, n_ctx: int | None = None, **kw: Any) -> None:

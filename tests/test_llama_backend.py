@@ -272,3 +272,57 @@ def test_llama_generate_peer_prefills_every_prompt_in_full(gguf: Path) -> None:
     again, _, stats = peer.generate(PROMPT, config)  # same prompt: all of it cached
     assert evaluated[0] == len(PROMPT) and again == first
     assert stats.new_tokens == 3
+
+
+def test_cached_tokens_follow_forward_rewind_and_reset(backend: LlamaCppBackend) -> None:
+    backend.forward(PROMPT)
+    backend.forward(DRAFT)
+    assert backend.cached_tokens == PROMPT + DRAFT
+    backend.rewind(len(PROMPT) + 2)
+    assert backend.cached_tokens == PROMPT + DRAFT[:2]
+    backend.reset()
+    assert backend.cached_tokens == []
+
+
+def test_saved_state_restores_the_same_logits(
+    make: Callable[[], LlamaCppBackend], backend: LlamaCppBackend
+) -> None:
+    """A snapshot loaded back (here or into another context of the same model) gives the
+    logits the saved cache would have given, bit for bit: the KV cells are the same."""
+    backend.forward(PROMPT)
+    tokens, state = backend.save_state()
+    assert tokens == PROMPT and len(state) > 0
+    expected = backend.forward(OTHER)
+    backend.reset()
+    backend.forward(DRAFT)  # something else in between
+    backend.load_state(tokens, state)
+    assert backend.num_cached == len(PROMPT) and backend.cached_tokens == PROMPT
+    torch.testing.assert_close(backend.forward(OTHER), expected, atol=0, rtol=0)
+    with make() as other:
+        other.forward(OTHER)
+        other.load_state(tokens, state)
+        torch.testing.assert_close(other.forward(OTHER), expected, atol=0, rtol=0)
+        other.load_state([], b"")
+        assert other.num_cached == 0
+
+
+def test_generation_after_a_reused_prefix_agrees_with_a_cold_one(gguf: Path) -> None:
+    """Greedy decoding of a second turn on the warm cache versus from an empty cache. The
+    prompt KV was computed in other batches (a 60-token prefill, then verification
+    blocks), so logits differ by rounding; greedy tokens should agree, or at worst part
+    late where two candidates are within rounding of each other."""
+    from nsd.decode import DecodeConfig, decode, run_to_end
+    from nsd.proposers.ngram import NgramProposer
+    from nsd.sampling import SamplingConfig
+
+    config = DecodeConfig(sampling=SamplingConfig(), k=4, max_new_tokens=24)
+    with LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as warm, \
+            LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as cold:
+        first, _ = run_to_end(decode(warm, PROMPT, config, NgramProposer()))
+        second_prompt = PROMPT + first + OTHER
+        warm_out, warm_stats = run_to_end(decode(warm, second_prompt, config, NgramProposer()))
+        cold_out, cold_stats = run_to_end(decode(cold, second_prompt, config, NgramProposer()))
+    assert warm_stats.cached_prompt_tokens >= len(PROMPT) + len(first) - 1
+    assert cold_stats.cached_prompt_tokens == 0
+    agree = next((i for i, (a, b) in enumerate(zip(warm_out, cold_out)) if a != b), len(cold_out))
+    assert agree >= 16, (agree, warm_out, cold_out)

@@ -79,8 +79,12 @@ def test_streaming_chunks_and_done(server, chat: bool) -> None:
         events = sse_events(r.read().decode())
     assert events[-1] == "[DONE]"
     usage_chunk, chunks = events[-2], events[:-2]
+    # The same prompt again: its cached part differs (the live cache holds it now).
     assert usage_chunk["choices"] == [] and usage_chunk["usage"] == {
-        **whole["usage"], "nsd": {**usage_chunk["usage"]["nsd"]}}
+        **whole["usage"], "nsd": {**usage_chunk["usage"]["nsd"]},
+        "prompt_tokens_details": usage_chunk["usage"]["prompt_tokens_details"]}
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+        usage_chunk["usage"]["prompt_tokens"] - 1
     assert usage_chunk["usage"]["nsd"]["new_tokens"] == whole["usage"]["nsd"]["new_tokens"]
     if chat:
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}

@@ -95,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or default_model_name(args.target),
         defaults=generation_config(args), host=args.host, port=args.port, api_key=args.api_key,
         queue_size=args.queue_size, request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout)
+        shutdown_timeout_s=args.shutdown_timeout, prefix_cache_mb=args.prefix_cache_mb)
     run_server(config, lambda: make_engine(args), log_level=args.log_level)
     return 0
 
@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds from arrival to the last token, queueing included")
     srv.add_argument("--shutdown-timeout", type=_float_arg, default=30.0, metavar="S",
                      help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
+    srv.add_argument("--prefix-cache-mb", type=_float_arg, default=1024.0, metavar="MB",
+                     help="memory for KV snapshots of recent sequences, reused by later prompts "
+                          "sharing their prefix (least recently used evicted first; 0 keeps "
+                          "only the live cache)")
     srv.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     srv.set_defaults(func=cmd_serve)
 

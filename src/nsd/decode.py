@@ -18,11 +18,12 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from nsd import options as optspec
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposer
-from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs, sample_from
+from nsd.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
+                          sample_from)
 from nsd.verify import RuleConfig, charge, verify
 
 
@@ -44,8 +45,13 @@ class DecodeConfig:
     k_max: int = optspec.default("k_max")
     max_new_tokens: int = 128
     seed: int = 0
+    # Log-probabilities of each emitted token and of the ``logprobs`` most likely ones
+    # (None: none are computed): see :class:`TokenLogprob`.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None and self.logprobs < 0:
+            raise NSDError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.k < 1:
             raise NSDError(f"draft length k must be >= 1, got {self.k}")
         if self.max_new_tokens < 1:
@@ -88,6 +94,7 @@ class DecodeStats:
     k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
     lookup_blocks: int = 0  # blocks proposed by prompt lookup instead of the draft model
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
 
     @property
     def tau(self) -> float:
@@ -126,6 +133,42 @@ class DecodeStats:
         return out
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the target distribution of its position,
+    and the ``top`` most likely tokens there as ``(id, logprob)`` (most likely first).
+
+    The distribution is ``p``, the one the target samples from (after penalties and bias,
+    temperature, top-k, top-p and min-p; tokens they remove have ``-inf``). At temperature
+    0, where ``p`` is one-hot, it is the plausibility distribution p̂ instead: the softmax
+    at temperature 1 of the adjusted logits, whose argmax is the emitted token.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def _logprobs(logits: torch.Tensor, probs: torch.Tensor | None, tokens: Sequence[int],
+              sampling: SamplingConfig, history: Sequence[int], drafts: Sequence[int],
+              top_n: int) -> list[TokenLogprob]:
+    """:class:`TokenLogprob` of ``tokens``, token ``i`` emitted at row ``i`` of ``logits``."""
+    rows = logits[:len(tokens)]
+    if sampling.greedy:
+        logp = torch.log_softmax(adjust_logits(rows, sampling, history, drafts).float(), dim=-1)
+    else:
+        if probs is None:
+            probs = logits_to_probs(rows, sampling, history, drafts)
+        logp = torch.log(probs[:len(tokens)].double()).float()
+    logp = logp.cpu()
+    out = []
+    top_values, top_ids = torch.topk(logp, min(top_n, logp.shape[-1]), dim=-1) if top_n else (None, None)
+    for i, tok in enumerate(tokens):
+        top = () if top_ids is None else tuple(zip(top_ids[i].tolist(), top_values[i].tolist()))
+        out.append(TokenLogprob(int(tok), float(logp[i, tok]), top))
+    return out
+
+
 def method_name(config: DecodeConfig) -> str:
     if not config.speculative:
         return "ar"
@@ -143,12 +186,15 @@ def decode(
     eos_token_ids: Sequence[int] = (),
     stop_check: Callable[[list[int]], bool] | None = None,
     k_policy: KPolicy | None = None,
+    logprob_sink: list[TokenLogprob] | None = None,
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
     Yields the list of tokens each target pass adds (EOS included when it ends the
     generation). ``stop_check(generated)`` may end the run early (stop strings).
-    ``k_policy`` chooses each block's draft length (default: from ``config``).
+    ``k_policy`` chooses each block's draft length (default: from ``config``). With
+    ``config.logprobs`` set, each emitted token's :class:`TokenLogprob` is appended to
+    ``logprob_sink`` before the pass's tokens are yielded.
     """
     if len(prompt_ids) == 0:
         raise NSDError("the prompt is empty: give at least one token")
@@ -159,9 +205,16 @@ def decode(
     sampling, rule = config.sampling, config.rule
     eos = set(eos_token_ids)
     context = list(prompt_ids)
-    target.reset()
-    if len(context) > 1:
-        target.forward(context[:-1], all_logits=False)
+    # Prefill: keep the longest prefix of the prompt the cache already holds (the last
+    # conversation, or a prefix-cache entry restored into it) and feed only the rest.
+    held = cached_tokens(target)
+    reused = 0 if held is None else common_prefix_length(held, context[:-1])
+    if reused:
+        target.rewind(reused)
+    else:
+        target.reset()
+    if len(context) - 1 > reused:
+        target.forward(context[reused:-1], all_logits=False)
     prefill_s = time.perf_counter() - start
 
     generated: list[int] = []
@@ -180,6 +233,10 @@ def decode(
     free_length = getattr(proposer, "free_length", None) if config.speculative else None
     plan = getattr(policy, "plan", None)
     lookup_blocks = 0
+    begin = getattr(proposer, "begin", None)
+    if callable(begin):  # where the generated tokens start (penalties count only those)
+        begin(len(prompt_ids))
+    want_logprobs = config.logprobs is not None and logprob_sink is not None
     stop_reason = "length"
 
     while len(generated) < config.max_new_tokens:
@@ -214,15 +271,19 @@ def decode(
         target_s += t2 - t1
         passes += 1
         if not draft:
-            new = _cut_at_eos([_sample_one(logits[-1], sampling, generator)], eos)[:remaining]
+            new = _cut_at_eos([_sample_one(logits[-1], sampling, generator, generated)], eos)[:remaining]
             n_acc = 0
+            if want_logprobs:
+                logprob_sink.extend(_logprobs(logits[-1:], None, new, sampling, generated, (),
+                                              config.logprobs))
         else:
             n = len(draft)
             device = logits.device  # the target's; draft tokens, uniforms and D move there
             spent = spent.to(device)
-            target_probs = logits_to_probs(logits, sampling)  # [n+1, V]
-            plaus = plausibility_probs(logits[:n], sampling, target_probs[:n]) if rule.relaxes else \
-                target_probs[:n]
+            # Row i follows the generated tokens and drafts[:i] (penalties count both).
+            target_probs = logits_to_probs(logits, sampling, generated, draft)  # [n+1, V]
+            plaus = plausibility_probs(logits[:n], sampling, target_probs[:n], generated, draft) \
+                if rule.relaxes else target_probs[:n]
             result = verify(
                 rule,
                 target_probs.unsqueeze(0),
@@ -257,6 +318,9 @@ def decode(
                 accepts[i] += 1
             accepted_per_pass.append(emitted_acc)
             target.rewind(len(context) + n_acc)
+            if want_logprobs:
+                logprob_sink.extend(_logprobs(logits, target_probs, new, sampling, generated,
+                                              draft, config.logprobs))
         if config.speculative:
             # The cost model learns from what the verifier did (an EOS cut is not a rejection).
             policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
@@ -293,14 +357,16 @@ def decode(
         k_per_pass=k_per_pass,
         predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
         lookup_blocks=lookup_blocks,
+        cached_prompt_tokens=reused,
     )
 
 
-def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
+def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,
+                history: Sequence[int] = ()) -> int:
     """One autoregressive step: the lean path, so the AR baseline pays no verifier cost."""
     if sampling.greedy:
-        return int(logits.argmax())
-    probs = logits_to_probs(logits, sampling).unsqueeze(0)
+        return int(adjust_logits(logits, sampling, history).argmax())
+    probs = logits_to_probs(logits, sampling, history).unsqueeze(0)
     uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
     return int(sample_from(probs, uniform)[0])
 

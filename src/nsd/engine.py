@@ -12,10 +12,12 @@ from nsd.backends.base import ModelBackend
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.errors import NSDError
-from nsd.generation import GenerationConfig, GenerationResult
+from nsd.decode import TokenLogprob
+from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
 from nsd.models.registry import resolve_model
+from nsd.prefix_cache import PrefixCache
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import HybridProposer
@@ -31,7 +33,14 @@ _NEEDS_DRAFT = ("draft", "hybrid")
 
 
 class Engine:
-    """A target model, optionally a draft model, and their shared tokenizer."""
+    """A target model, optionally a draft model, and their shared tokenizer.
+
+    Each generation reuses the longest prefix of its prompt that the models' caches still
+    hold from the last one; with a :class:`~nsd.prefix_cache.PrefixCache` in
+    ``prefix_cache``, also saved snapshots of earlier sequences (and reuse is counted).
+    """
+
+    prefix_cache: PrefixCache | None = None
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
@@ -189,13 +198,25 @@ class Engine:
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:
-        """Yield text as it is produced; return the full :class:`GenerationResult`."""
+        """Yield text as it is produced; return the full :class:`GenerationResult`.
+
+        With ``config.logprobs`` set, each piece is a :class:`TextChunk` whose ``logprobs``
+        holds the :class:`TokenInfo` of the tokens whose text it completes (a last, possibly
+        empty, chunk carries those of the tokens still held back)."""
         decode_config = config.decode_config()
         stops = tuple(s for s in config.stop if s)
         tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
         stop_check = StopScanner(self.tokenizer, stops) if stops else None
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.prepare(self.target, self.draft if self.proposer_kind == "draft" else None,
+                          prompt_ids)
+        sink: list[TokenLogprob] | None = [] if config.logprobs is not None else None
+        pieces = _TokenText(self.tokenizer) if sink is not None else None
+        infos: list[TokenInfo] = []
+        sent = 0  # infos handed out in chunks
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
-                     self.eos_token_ids, stop_check, self.k_policy(decode_config))
+                     self.eos_token_ids, stop_check, self.k_policy(decode_config), sink)
         tokens: list[int] = []
         shown = ""
         while True:
@@ -203,19 +224,36 @@ class Engine:
                 tokens.extend(next(gen))
             except StopIteration as done:
                 stats: DecodeStats = done.value
+                if cache is not None:
+                    cache.record(stats.prompt_tokens, stats.cached_prompt_tokens)
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.
             safe = text.rstrip("\ufffd")
             if stops:
                 safe = safe[:max(len(shown), len(safe) - tail)]
+            if pieces is not None:
+                infos.extend(pieces.add(sink[len(infos):]))
             if len(safe) > len(shown) and safe.startswith(shown):
-                yield safe[len(shown):]
+                piece = safe[len(shown):]
                 shown = safe
+                if pieces is not None:
+                    done_upto = sent
+                    while done_upto < len(infos) and \
+                            infos[done_upto].offset + len(infos[done_upto].text) <= len(shown):
+                        done_upto += 1
+                    piece = _chunk(piece, infos[sent:done_upto])
+                    sent = done_upto
+                yield piece
         text = visible_text(self.tokenizer, tokens, stops)
+        kept = None
+        if pieces is not None:  # the tokens of the text: none past a stop string
+            kept = [info for info in infos if info.offset < len(text)]
         if len(text) > len(shown) and text.startswith(shown):
-            yield text[len(shown):]
-        return GenerationResult(text=text, token_ids=tokens, stats=stats)
+            yield text[len(shown):] if kept is None else _chunk(text[len(shown):], kept[sent:])
+        elif kept is not None and len(kept) > sent:
+            yield _chunk("", kept[sent:])
+        return GenerationResult(text=text, token_ids=tokens, stats=stats, logprobs=kept)
 
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig = GenerationConfig(),
                  chat: bool = False) -> GenerationResult:
@@ -226,6 +264,46 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
+
+
+def _chunk(text: str, infos: list[TokenInfo]) -> TextChunk:
+    chunk = TextChunk(text)
+    chunk.logprobs = infos
+    return chunk
+
+
+class _TokenText:
+    """Each generated token's piece of the text and its offset, found incrementally: the
+    text of the tokens since the last point where it ended on a whole character (one token
+    earlier for context, since a tokenizer may render a slice's first token differently)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.anchor = 0  # tokens before it render to exactly `anchor_len` characters
+        self.anchor_len = 0
+        self.end = 0  # text length after the last token
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, logprobs: Sequence[TokenLogprob]) -> list[TokenInfo]:
+        out = []
+        for lp in logprobs:
+            self.tokens.append(lp.token)
+            lo = max(0, self.anchor - 1)
+            before = len(self._decode(self.tokens[lo:self.anchor]))
+            text = self._decode(self.tokens[lo:])
+            whole = text.rstrip("\ufffd")
+            # text[before:] is the output from character anchor_len on.
+            start, end = self.end, max(self.end, self.anchor_len + len(whole) - before)
+            piece = text[before + start - self.anchor_len:before + end - self.anchor_len]
+            self.end = end
+            if len(whole) == len(text):  # ends on a whole character: move the anchor
+                self.anchor, self.anchor_len = len(self.tokens), self.end
+            top = tuple((t, self._decode([t]), v) for t, v in lp.top)
+            out.append(TokenInfo(lp.token, piece, start, lp.logprob, top))
+        return out
 
 
 def _check_same_tokenizer(target_tok, draft_tok, target: str, draft: str) -> None:

@@ -40,8 +40,15 @@ class GenerationConfig:
     top_k: int = optspec.default("top_k")
     top_p: float = optspec.default("top_p")
     min_p: float = optspec.default("min_p")
+    presence_penalty: float = optspec.default("presence_penalty")
+    frequency_penalty: float = optspec.default("frequency_penalty")
     seed: int = optspec.default("seed")
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # Added to the logits of these token ids, target and draft alike: ((id, bias), ...).
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # Report each generated token's log-probability and the top ``logprobs`` alternatives
+    # (None: not computed); see nsd.decode.TokenLogprob.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         optspec.check_fields(self, optspec.DECODING)
@@ -49,6 +56,8 @@ class GenerationConfig:
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             raise NSDError(f"stop must be a sequence of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
+        items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in items))
         self.decode_config()  # the combined checks (k_max >= k with adaptive k, ...)
 
     @classmethod
@@ -71,11 +80,37 @@ class GenerationConfig:
                                      typical_delta=self.typical_delta)
 
     def decode_config(self) -> DecodeConfig:
-        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
+                                  self.presence_penalty, self.frequency_penalty,
+                                  tuple(self.logit_bias))
         k = 4 if self.k == "auto" else self.k
         return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
                             k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
-                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+                            max_new_tokens=self.max_new_tokens, seed=self.seed,
+                            logprobs=self.logprobs)
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A generated token as the text shows it, with its log-probabilities: ``text`` is the
+    token's piece of the output (empty for a token that ends inside a UTF-8 character: the
+    next one carries the character), ``offset`` where that piece starts, ``logprob`` the
+    token's log-probability under the target distribution of its position, and ``top`` the
+    most likely tokens there as ``(id, text, logprob)`` (see :class:`nsd.decode.TokenLogprob`).
+    """
+
+    token_id: int
+    text: str
+    offset: int
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
+class TextChunk(str):
+    """A piece of streamed text carrying the :class:`TokenInfo` of the tokens it completes
+    (``logprobs``; None when the generation does not report them)."""
+
+    logprobs: list[TokenInfo] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +118,9 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     stats: DecodeStats
+    # With GenerationConfig.logprobs: one entry per token of ``text`` (tokens past a stop
+    # string are not included), each with the token's text piece.
+    logprobs: list[TokenInfo] | None = None
 
     def to_dict(self) -> dict:
         return {"text": self.text, "stats": self.stats.to_dict()}

@@ -147,6 +147,13 @@ DECODING = _opts(
            help="keep the smallest set of tokens with mass >= top-p (1 disables)"),
     Option("min_p", 0.0, float, low=0.0, high=1.0, high_open=True,
            help="drop tokens below min-p times the most likely one's probability (0 disables)"),
+    # OpenAI's ranges; the count is of generated tokens only (see nsd.sampling.adjust_logits).
+    Option("presence_penalty", 0.0, float, low=-2.0, high=2.0,
+           help="subtract this from the logit of every token already generated (OpenAI's "
+                "presence_penalty; target and draft alike)"),
+    Option("frequency_penalty", 0.0, float, low=-2.0, high=2.0,
+           help="subtract this times its count so far from the logit of every generated token "
+                "(OpenAI's frequency_penalty; target and draft alike)"),
     # torch seeds its generator with a 64-bit integer (a negative one taken modulo 2^64), so
     # the signed 64-bit range is every seed that means something, each a different stream.
     Option("seed", 0, int, low=-2 ** 63, high=2 ** 63, high_open=True,

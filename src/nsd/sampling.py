@@ -9,7 +9,9 @@ simplest way to make that true.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -22,12 +24,19 @@ class SamplingConfig:
 
     ``temperature == 0`` means greedy: the distribution is one-hot on the argmax.
     ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those filters.
+
+    Before all of them, OpenAI's logit adjustments (see :func:`adjust_logits`):
+    ``presence_penalty`` and ``frequency_penalty`` (by the generated tokens so far) and
+    ``logit_bias`` (``(token id, bias)`` pairs).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -38,19 +47,80 @@ class SamplingConfig:
             raise NSDError(f"top-p must be in (0, 1], got {self.top_p}")
         if not (0 <= self.min_p < 1):
             raise NSDError(f"min-p must be in [0, 1), got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise NSDError(f"{name} must be a finite number, got {getattr(self, name)}")
+        bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+        if any(t < 0 or not math.isfinite(b) for t, b in bias) or len({t for t, _ in bias}) < len(bias):
+            raise NSDError("logit_bias must map distinct token ids >= 0 to finite numbers")
+        object.__setattr__(self, "logit_bias", bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalizes(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when :func:`adjust_logits` changes anything (penalties or a bias)."""
+        return self.penalizes or bool(self.logit_bias)
+
+
+def adjust_logits(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] = (),
+                  drafts: Sequence[int] = ()) -> torch.Tensor:
+    """OpenAI's logit adjustments, on raw logits ``[V]`` or ``[R, V]`` (float32 out).
+
+    ``logit_bias`` adds its bias to each listed token. The penalties follow OpenAI's
+    definition: ``l[j] -= frequency_penalty * c[j] + presence_penalty * (c[j] > 0)``, where
+    ``c[j]`` counts token ``j`` among the tokens generated before the position (the prompt
+    does not count). Row ``i`` is the position after ``history + drafts[:i]``, as in a
+    verification block (``history``: the generated tokens before the block); a single row
+    follows ``history``. Target and draft call this with the same tokens, so their
+    distributions are the same transform of their logits.
+    """
+    if not config.adjusts_logits:
+        return logits
+    single = logits.dim() == 1
+    rows = logits.float().reshape(1, -1) if single else logits.float()
+    rows = rows.clone()
+    vocab = rows.shape[-1]
+    if config.logit_bias:
+        pairs = [(t, b) for t, b in config.logit_bias if t < vocab]
+        if pairs:
+            ids = torch.tensor([t for t, _ in pairs], device=rows.device)
+            rows[:, ids] += torch.tensor([b for _, b in pairs], device=rows.device)
+    n_rows = rows.shape[0]
+    extra = list(drafts[:n_rows - 1])
+    if config.penalizes and (history or extra):
+        seen = Counter(int(t) for t in history)
+        tokens = sorted(set(seen) | {int(t) for t in extra})
+        tokens = [t for t in tokens if t < vocab]
+        column = {t: j for j, t in enumerate(tokens)}
+        counts = torch.zeros(n_rows, len(tokens), dtype=torch.float32)
+        for t, c in seen.items():
+            if t in column:
+                counts[:, column[t]] = c
+        for i, t in enumerate(extra):
+            if int(t) in column:
+                counts[i + 1:, column[int(t)]] += 1
+        penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0).float()
+        ids = torch.tensor(tokens, dtype=torch.long, device=rows.device)
+        rows[:, ids] -= penalty.to(rows.device)
+    return rows[0] if single else rows
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] = (),
+                    drafts: Sequence[int] = ()) -> torch.Tensor:
     """Warp ``logits`` ``[..., V]`` into the sampling distribution ``[..., V]`` (float32).
 
-    Order of filters follows the common convention (HF, llama.cpp): temperature, then
-    top-k, then top-p on the renormalised remainder, then min-p.
+    Order follows the common convention (HF, llama.cpp, vLLM): the logit adjustments
+    (:func:`adjust_logits`, given the generated ``history`` and a block's ``drafts``), then
+    temperature, then top-k, then top-p on the renormalised remainder, then min-p.
     """
-    logits = logits.float()
+    logits = adjust_logits(logits, config, history, drafts).float()
     if config.greedy:
         # Explicit branch: a one-hot on the argmax, ties broken by the lowest index.
         probs = torch.zeros_like(logits)
@@ -72,14 +142,16 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
 
 
 def plausibility_probs(logits: torch.Tensor, config: SamplingConfig,
-                       probs: torch.Tensor) -> torch.Tensor:
+                       probs: torch.Tensor, history: Sequence[int] = (),
+                       drafts: Sequence[int] = ()) -> torch.Tensor:
     """The target's plausibility distribution p̂ that the nucleus is taken from.
 
     It is ``p`` itself when sampling; under greedy decoding ``p`` is one-hot, whose nucleus
-    relaxes nothing, so p̂ is then the plain softmax at temperature 1.
+    relaxes nothing, so p̂ is then the softmax at temperature 1 of the adjusted logits
+    (penalties and bias applied, as for ``p``).
     """
     if config.greedy:
-        return torch.softmax(logits.float(), dim=-1)
+        return torch.softmax(adjust_logits(logits, config, history, drafts).float(), dim=-1)
     return probs
 
 

@@ -7,7 +7,7 @@ rewind*: the decoding loop only ever says "evaluate these new tokens" and "keep 
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -45,3 +45,22 @@ class ModelBackend(Protocol):
     def reset(self) -> None:
         """Empty the cache."""
         ...
+
+
+def cached_tokens(backend: Any) -> Sequence[int] | None:
+    """The token ids whose KV ``backend`` holds, in order, or None when the backend does
+    not say (then nothing may be reused: the caller must :meth:`~ModelBackend.reset`).
+
+    Backends that know them expose a ``cached_tokens`` attribute; a prefix cache and the
+    decoding loop's prefill keep the longest common prefix with a new prompt."""
+    tokens = getattr(backend, "cached_tokens", None)
+    return tokens if tokens is not None and len(tokens) == backend.num_cached else None
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -116,6 +116,7 @@ class HFBackend:
         self.cache: StaticKVCache | None = None
         self._dynamic = None  # transformers' DynamicCache, for models the static cache cannot serve
         self._dynamic_len = 0
+        self._tokens: list[int] = []  # the ids whose KV the cache holds
         if static_cache_supported(config):
             self.cache = StaticKVCache.for_config(config, self.max_positions, self.dtype, self.device)
         self._graphed: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -138,6 +139,11 @@ class HFBackend:
     def num_cached(self) -> int:
         return self.cache.position if self.cache is not None else self._dynamic_len
 
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The token ids whose KV the cache holds, in order (a copy)."""
+        return list(self._tokens)
+
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
         """Logits ``[len(tokens) or 1, V]`` float32, on the model's device."""
@@ -148,6 +154,7 @@ class HFBackend:
             raise NSDError(f"sequence of {self.num_cached + n} tokens exceeds the context of "
                            f"{self.max_positions} (raise --n-ctx, up to the model's maximum)")
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        self._tokens.extend(int(t) for t in tokens)
         if self.cache is None:
             return self._dynamic_forward(ids, all_logits)
         if self._graphed is not None and n <= GRAPH_MAX_TOKENS:
@@ -236,6 +243,7 @@ class HFBackend:
     def rewind(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self.num_cached:
             raise ValueError(f"cannot rewind to {num_tokens}: cache holds {self.num_cached}")
+        del self._tokens[num_tokens:]
         if self.cache is not None:
             self.cache.rewind(num_tokens)
             return
@@ -252,3 +260,21 @@ class HFBackend:
             self.cache.reset()
         self._dynamic = None
         self._dynamic_len = 0
+        self._tokens = []
+
+    def save_state(self) -> tuple[list[int], torch.Tensor]:
+        """A snapshot of the static cache: the token ids it holds and a copy of their keys
+        and values ``[L, 2, 1, H, n, D]`` (on the model's device), for :meth:`load_state`."""
+        if self.cache is None:
+            raise NSDError("this model's cache (sliding window) cannot be saved")
+        n = self.cache.position
+        return list(self._tokens), self.cache.storage[..., :n, :].clone()
+
+    def load_state(self, tokens: Sequence[int], state: torch.Tensor) -> None:
+        """Replace the cache with a snapshot of :meth:`save_state`."""
+        if self.cache is None:
+            raise NSDError("this model's cache (sliding window) cannot be restored")
+        n = len(tokens)
+        self.cache.storage[..., :n, :].copy_(state)
+        self.cache.position = n
+        self._tokens = list(tokens)

@@ -184,6 +184,7 @@ class LlamaCppBackend:
         self._n_threads = threads
         self.flash_attn = flash_attn
         self._num_cached = 0
+        self._tokens: list[int] = []  # the ids whose KV the cache holds
         self._eog_ids: tuple[int, ...] | None = None
         self._batch_cap = 0
         self._ensure_batch(64)
@@ -199,6 +200,11 @@ class LlamaCppBackend:
     def num_cached(self) -> int:
         """Number of token positions currently held in the KV cache."""
         return self._num_cached
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The token ids whose KV the cache holds, in order (a copy)."""
+        return list(self._tokens)
 
     @property
     def n_ctx(self) -> int:
@@ -275,6 +281,7 @@ class LlamaCppBackend:
             self._lib.llama_memory_seq_rm(self._memory, _SEQ, self._num_cached, -1)
             raise RuntimeError(f"llama_decode failed with status {ret} on {n} tokens")
         self._num_cached += n
+        self._tokens.extend(int(t) for t in ids)
 
         rows = n if all_logits else 1
         # Outputs are stored contiguously in batch order: [n_outputs, n_vocab].
@@ -296,11 +303,38 @@ class LlamaCppBackend:
             # Only recurrent/hybrid models refuse a partial removal.
             raise NSDError("this model's cache cannot be rewound (recurrent model?)")
         self._num_cached = num_tokens
+        del self._tokens[num_tokens:]
 
     def reset(self) -> None:
         """Empty the cache."""
         self._lib.llama_memory_clear(self._memory, True)
         self._num_cached = 0
+        self._tokens = []
+
+    def save_state(self) -> tuple[list[int], bytes]:
+        """A snapshot of the cache: the token ids it holds and llama.cpp's serialised state
+        of the sequence (its KV cells), restorable with :meth:`load_state`."""
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, _SEQ))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(lib.llama_state_seq_get_data(self._ctx, buf, size, _SEQ))
+        if written == 0 and self._num_cached:
+            raise NSDError("llama.cpp could not save the cache state")
+        return list(self._tokens), bytes(memoryview(buf)[:written])
+
+    def load_state(self, tokens: Sequence[int], state: bytes) -> None:
+        """Replace the cache with a snapshot of :meth:`save_state` (from this backend or one
+        of the same model and context size)."""
+        lib = self._lib
+        lib.llama_memory_seq_rm(self._memory, _SEQ, -1, -1)
+        self._num_cached, self._tokens = 0, []
+        if not tokens:
+            return
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if int(lib.llama_state_seq_set_data(self._ctx, buf, len(state), _SEQ)) == 0:
+            lib.llama_memory_seq_rm(self._memory, _SEQ, -1, -1)
+            raise NSDError("llama.cpp could not restore a saved cache state")
+        self._num_cached, self._tokens = len(tokens), list(tokens)
 
     # ----------------------------------------------------------------- lifetime
 

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.models.draft_vocab import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal
-from nsd.sampling import SamplingConfig, logits_to_probs, sample_from
+from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+__all__ = ["DraftModelProposer", "common_prefix_length"]
 
 
 class DraftModelProposer:
@@ -41,7 +37,23 @@ class DraftModelProposer:
         self.backend = backend
         self.sampling = sampling
         self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
-        self._fed: list[int] = []  # target-vocabulary tokens whose KV the draft cache holds
+        # Target-vocabulary tokens whose KV the draft cache holds. A cache that says what it
+        # holds (left by an earlier generation or restored from a prefix cache) is reused
+        # as far as it matches; one that does not, or a reduced-vocabulary draft's (whose
+        # ids are not the target's), is rebuilt from scratch.
+        held = cached_tokens(backend) if vocab_map is None else None
+        self._fed: list[int] = list(held) if held is not None else []
+        self._prompt_length = 0  # generated tokens start here (for the penalties)
+        # The logit adjustments need target token ids; a reduced-vocabulary draft skips them
+        # (q is still the distribution it drew from, so verification stays exact).
+        self._adjust = sampling.adjusts_logits and vocab_map is None
+        self._plain = dataclasses.replace(sampling, presence_penalty=0.0, frequency_penalty=0.0,
+                                          logit_bias=())
+
+    def begin(self, prompt_length: int) -> None:
+        """Called by the decoding loop: the context's first ``prompt_length`` tokens are
+        the prompt, the rest generated (penalties count only the generated ones)."""
+        self._prompt_length = prompt_length
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
         if k <= 0:
@@ -55,11 +67,15 @@ class DraftModelProposer:
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         greedy = self.sampling.greedy
+        history = list(context[self._prompt_length:]) if self._adjust else []
+        sampling = self.sampling if self._adjust else self._plain
         for i in range(k):
+            # The target's transform, penalties counting the tokens drafted so far too.
+            seen = history + tokens
             if greedy:
-                draft_id = int(logits.argmax())
+                draft_id = int(adjust_logits(logits, sampling, seen).argmax())
             else:
-                probs = logits_to_probs(logits, self.sampling)  # [Vd]
+                probs = logits_to_probs(logits, sampling, seen)  # [Vd]
                 uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
                 draft_id = int(sample_from(probs.unsqueeze(0), uniform)[0])
                 rows.append(probs if vmap is None else vmap.expand(probs))  # q on the full vocabulary

@@ -30,6 +30,10 @@ class HybridProposer:
         self.lookup = lookup
         self._cached: tuple[int, int, Proposal] | None = None  # (context length, n, proposal)
 
+    def begin(self, prompt_length: int) -> None:
+        """Where the generated tokens start (the draft model's penalties count only those)."""
+        self.draft.begin(prompt_length)
+
     def free_length(self, context: Sequence[int], n: int) -> int:
         """How many tokens (up to ``n``) prompt lookup can propose after ``context``."""
         if n <= 0:

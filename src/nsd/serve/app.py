@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nsd import options as optspec
 from nsd.api import GenerationResult
 from nsd.errors import NSDError
+from nsd.prefix_cache import PrefixCache
 from nsd.serve.config import ServerConfig
 from nsd.serve.metrics import ServeMetrics
 from nsd.serve.protocol import (ApiError, ChatRequest, CompletionRequest, ResponseBuilder,
@@ -75,11 +76,16 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
         raise ValueError("give either an engine or a function that loads one")
     model = _Model(engine)
     worker = DecodeWorker(engine, config.queue_size)
-    metrics = ServeMetrics(lambda: worker.depth)
+    metrics = ServeMetrics(lambda: worker.depth,
+                           lambda: getattr(model.engine, "prefix_cache", None))
+    if engine is not None:
+        _attach_prefix_cache(engine, config)
     started = int(time.time())
 
     def loaded(result: Any, error: BaseException | None) -> None:
         model.engine, model.error = result, error
+        if error is None:
+            _attach_prefix_cache(result, config)
         if error is None and not worker.closing:  # a signal during the load: never start
             worker.start(result)
         if on_loaded is not None:
@@ -154,6 +160,11 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
         gen_config = generation_config(req, config.defaults,
                                        req.requested_tokens or config.defaults.max_new_tokens)
         engine = model.engine
+        vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
+        if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):
+            bad = next(t for t, _ in req.logit_bias_pairs if t >= vocab)
+            raise ApiError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})",
+                           param="logit_bias", code="invalid_value")
         prompt_ids = await _encode(engine, req)
         gen_config = dataclasses.replace(gen_config, max_new_tokens=_max_new_tokens(
             req, len(prompt_ids), getattr(engine, "context_length", None),
@@ -201,6 +212,13 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
         return await generate(request, chat=True)
 
     return app
+
+
+def _attach_prefix_cache(engine: Any, config: ServerConfig) -> None:
+    """Give the engine a prefix cache of the configured budget (an engine-like object
+    without the attribute is left alone: its caches are its business)."""
+    if hasattr(engine, "prefix_cache"):
+        engine.prefix_cache = PrefixCache(int(config.prefix_cache_mb * (1 << 20)))
 
 
 def _load_in_background(load_engine: Callable[[], Any],

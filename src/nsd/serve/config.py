@@ -23,6 +23,8 @@ class ServerConfig:
     request_timeout_s: float = 600.0  # from arrival to the last token, queueing included
     shutdown_timeout_s: float = 30.0  # grace for in-flight requests after SIGINT/SIGTERM
     max_body_bytes: int = 4 << 20
+    # KV snapshots of recent sequences kept for reuse (MiB; 0: only the live cache is reused).
+    prefix_cache_mb: float = 1024.0
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -36,5 +38,8 @@ class ServerConfig:
             if not (value > 0 and math.isfinite(value)):
                 raise NSDError(f"{name.removesuffix('_s').replace('_', ' ')} must be a positive "
                                f"number of seconds, got {value}")
+        if not (self.prefix_cache_mb >= 0 and math.isfinite(self.prefix_cache_mb)):
+            raise NSDError(f"the prefix cache budget must be a number of MiB >= 0, got "
+                           f"{self.prefix_cache_mb}")
         if self.api_key is not None and not self.api_key.strip():
             raise NSDError("the API key is empty")

@@ -4,9 +4,10 @@ in one process, as in tests, do not collide). Every decode statistic comes from
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from nsd.api import GenerationResult
 
@@ -16,9 +17,38 @@ TAU_BUCKETS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 12, 17)
 DEVIATION_BUCKETS = (0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
 
 
+# The prefix cache's figures: (name, help, kind); read from PrefixCache.stats() at scrape time.
+PREFIX_CACHE_METRICS = (
+    ("hits", "generations that reused cached KV for part of their prompt", "counter"),
+    ("misses", "generations that prefilled their whole prompt", "counter"),
+    ("reused_tokens", "prompt tokens whose KV was reused instead of prefilled", "counter"),
+    ("prompt_tokens", "prompt tokens of the generations counted by hits and misses", "counter"),
+    ("restores", "saved sequences loaded back into the models", "counter"),
+    ("saves", "sequences saved (snapshots of the models' KV caches)", "counter"),
+    ("evictions", "saved sequences dropped to stay within the budget", "counter"),
+    ("bytes_held", "bytes of saved KV snapshots", "gauge"),
+    ("entries", "saved sequences", "gauge"),
+    ("budget_bytes", "most bytes the saved snapshots may take", "gauge"),
+)
+
+
+class _PrefixCacheCollector:
+    def __init__(self, cache: Callable[[], Any]) -> None:
+        self._cache = cache
+
+    def collect(self):
+        cache = self._cache()
+        stats = cache.stats() if cache is not None else {}
+        for name, text, kind in PREFIX_CACHE_METRICS:
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(f"nsd_prefix_cache_{name}", text, value=stats.get(name, 0))
+
+
 class ServeMetrics:
-    def __init__(self, queue_depth: Callable[[], int]) -> None:
+    def __init__(self, queue_depth: Callable[[], int],
+                 prefix_cache: Callable[[], Any] = lambda: None) -> None:
         r = self.registry = CollectorRegistry()
+        r.register(_PrefixCacheCollector(prefix_cache))
         self.requests = Counter("nsd_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.rejections = Counter("nsd_rejections", "generation requests refused before decoding "

@@ -2,8 +2,9 @@
 
 Requests are validated strictly (a string where a number belongs is an error, not a
 conversion) so that every mistake becomes a 400 naming the field instead of a surprise.
-Unknown top-level fields are ignored, as OpenAI clients send many optional ones; the
-``nsd`` object is ours, so a typo there is an error.
+No field is ignored: each OpenAI field is either honoured or refused with a 400 that names
+it (:data:`REFUSED` says why for those nsd does not implement), and a field OpenAI does not
+define is refused as unknown; the ``nsd`` object is ours.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from nsd import options as optspec
 from nsd.api import GenerationConfig, GenerationResult
+from nsd.generation import TokenInfo
 from nsd.errors import NSDError
 
 
@@ -30,6 +32,47 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 TOOLS_UNSUPPORTED = "nsd serve does not implement tool calling"
+
+# Most alternatives logprobs / top_logprobs may ask for (OpenAI's own limit for chat).
+MAX_TOP_LOGPROBS = 20
+LOGIT_BIAS_RANGE = 100.0
+
+# OpenAI fields nsd does not implement, refused (400 naming the field) whenever they ask for
+# something; the value each may still take (what asks for nothing) is in the check below.
+REFUSED = {
+    "echo": "echoing the prompt is not supported",
+    "suffix": "insertion (a suffix after the completion) is not supported",
+    "best_of": "best_of > 1 is not supported (one sequence per request)",
+    "response_format": "only response_format {\"type\": \"text\"} is supported: JSON output "
+                       "would need the same grammar constraint on target and draft, which nsd "
+                       "does not implement",
+    "tool_choice": f"tool_choice must be \"none\" ({TOOLS_UNSUPPORTED})",
+    "audio": "audio output is not supported",
+    "modalities": "only the text modality is supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "reasoning_effort is not supported",
+    "web_search_options": "web search is not supported",
+    "store": "storing completions is not supported",
+    "metadata": "metadata is only stored with store, which is not supported",
+    "service_tier": "service tiers are not supported",
+}
+
+
+def _asks_nothing(name: str, value: Any) -> bool:
+    """Whether ``value`` of the refused field ``name`` asks for nothing (the default)."""
+    if value is None:
+        return True
+    return {
+        "echo": value is False,
+        "suffix": value == "",
+        "best_of": type(value) is int and value == 1,
+        "response_format": isinstance(value, dict) and value == {"type": "text"},
+        "tool_choice": value == "none",
+        "modalities": value == ["text"],
+        "store": value is False,
+        "metadata": value == {},
+        "service_tier": value in ("auto", "default"),
+    }.get(name, False)
 
 
 class ApiError(Exception):
@@ -76,7 +119,7 @@ class StreamOptions(BaseModel):
 
 
 class _GenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -88,6 +131,11 @@ class _GenerationRequest(BaseModel):
     stop: Any = None
     seed: int | None = None
     n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    user: str | None = None  # an end-user id for the operator's logs: no effect on output
+    parallel_tool_calls: bool | None = None  # meaningless without tools, which are refused
     tools: Any = None
     functions: Any = None  # tools' deprecated predecessor
     stream: bool = False
@@ -105,9 +153,57 @@ class _GenerationRequest(BaseModel):
             return tuple(value)
         raise ValueError("must be a string or a list of strings")
 
+    # OpenAI fields nsd does not implement: a value that asks for something is refused.
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+    response_format: Any = None
+    tool_choice: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
     # The sampling fields are nsd's options under OpenAI's names: checked by their specs.
     _check_sampling = field_validator("temperature", "top_p", "top_k", "min_p", "seed",
+                                      "presence_penalty", "frequency_penalty",
                                       mode="before")(classmethod(_check_option))
+
+    @field_validator(*REFUSED, mode="before")
+    @classmethod
+    def _refuse(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _asks_nothing(info.field_name, value):
+            raise ValueError(f"{REFUSED[info.field_name]} (got {json.dumps(value)[:80]})")
+        return None
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _check_logit_bias(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError("must be an object mapping token ids to biases")
+        for key, bias in value.items():
+            if not (isinstance(key, str) and key.isdigit() and key.isascii()):
+                raise ValueError(f"key {key!r} is not a token id (a string of digits)")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
+                    not (math.isfinite(bias) and -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE):
+                raise ValueError(f"the bias of token {key} must be a number in "
+                                 f"[-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}], got {bias!r}")
+        return value
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives to report per token (None: no logprobs at all)."""
+        raise NotImplementedError
 
     @field_validator("tools", "functions")
     @classmethod
@@ -133,6 +229,12 @@ class _GenerationRequest(BaseModel):
 
 class CompletionRequest(_GenerationRequest):
     prompt: Any  # a string, or token ids; one prompt per request
+    # The legacy form: an int, that many alternatives per token besides the chosen one.
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -198,6 +300,12 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def prompt_param(self) -> str:
@@ -225,13 +333,19 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "this field is required"
-        elif err["type"] == "extra_forbidden":
+        elif err["type"] == "extra_forbidden" and err["loc"][0] == "nsd":
             msg = f"unknown field; nsd takes {', '.join(NsdOptions.model_fields)}"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field: not an OpenAI request field nsd implements (nsd's own " \
+                  "settings go in the \"nsd\" object)"
         raise ApiError(400, f"{param}: {msg}" if param else msg, param=param,
                        code="missing_field" if err["type"] == "missing" else "invalid_value") from None
     if request.n not in (None, 1):
         raise ApiError(400, f"n: only n = 1 is supported (one sequence per request), got {request.n}",
                        param="n", code="invalid_value")
+    if isinstance(request, ChatRequest) and request.top_logprobs is not None and not request.logprobs:
+        raise ApiError(400, "top_logprobs: needs \"logprobs\": true", param="top_logprobs",
+                       code="invalid_value")
     return request
 
 
@@ -266,11 +380,16 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
                       max_new_tokens: int) -> GenerationConfig:
     """The request's settings over the server's defaults, validated by the library itself."""
     overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                 "frequency_penalty"):
         if getattr(request, name) is not None:
             overrides[name] = getattr(request, name)
     if request.stop:
         overrides["stop"] = request.stop
+    if request.logit_bias:
+        overrides["logit_bias"] = request.logit_bias_pairs
+    if request.top_logprobs_asked is not None:
+        overrides["logprobs"] = request.top_logprobs_asked
     if request.nsd is not None:
         overrides.update(request.nsd.model_dump(exclude_none=True))
     try:
@@ -296,6 +415,7 @@ def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
     stats = result.stats
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
             "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
 
 
@@ -329,33 +449,64 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def full(self, result: GenerationResult) -> dict[str, Any]:
+        logprobs = None if result.logprobs is None else self.logprobs(result.logprobs)
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": finish_reason(result)}
+                      "logprobs": logprobs, "finish_reason": finish_reason(result)}
             body = self._base("chat.completion")
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": None,
+            choice = {"index": 0, "text": result.text, "logprobs": logprobs,
                       "finish_reason": finish_reason(result)}
             body = self._base("text_completion")
         return {**body, "choices": [choice], "usage": self.usage(result)}
+
+    def logprobs(self, infos: list[TokenInfo]) -> dict[str, Any]:
+        """OpenAI's logprobs object: chat's ``content`` list, or the legacy completions form."""
+        if self.chat:
+            return {"content": [{"token": i.text, "logprob": _logprob(i.logprob),
+                                 "bytes": list(i.text.encode()),
+                                 "top_logprobs": [{"token": t, "logprob": _logprob(v),
+                                                   "bytes": list(t.encode())} for _, t, v in i.top]}
+                                for i in infos], "refusal": None}
+        tops = []
+        for i in infos:
+            top: dict[str, float] = {}
+            for _, t, v in i.top:  # distinct ids may share a text: the likelier one is kept
+                top.setdefault(t, _logprob(v))
+            tops.append(top)
+        return {"tokens": [i.text for i in infos],
+                "token_logprobs": [_logprob(i.logprob) for i in infos],
+                "top_logprobs": tops, "text_offset": [i.offset for i in infos]}
 
     def usage(self, result: GenerationResult) -> dict[str, Any]:
         return usage(result, self.config)
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               usage_body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One stream chunk: text, a finish reason, the chat role opener, or the usage."""
+        """One stream chunk: text (with its tokens' logprobs when the request asked for
+        them), a finish reason, the chat role opener, or the usage."""
+        infos = getattr(text, "logprobs", None)
+        logprobs = None if infos is None else self.logprobs(infos)
         if self.chat:
             body = self._base("chat.completion.chunk")
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else \
-                ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ({} if text is None else {"content": str(text)})
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             body = self._base("text_completion")
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": str(text or ""), "logprobs": logprobs,
+                      "finish_reason": finish}
         if usage_body is not None:  # OpenAI's usage chunk has no choices
             return {**body, "choices": [], "usage": usage_body}
         return {**body, "choices": [choice], "usage": None}
+
+
+# JSON has no -inf: a token the sampling filters removed gets OpenAI's floor value.
+LOGPROB_FLOOR = -9999.0
+
+
+def _logprob(value: float) -> float:
+    return LOGPROB_FLOOR if math.isnan(value) else max(value, LOGPROB_FLOOR)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

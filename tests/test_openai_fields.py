@@ -1,0 +1,300 @@
+"""OpenAI request fields: penalties and logit_bias as one logits transform for target and
+draft (SD still samples the target's law, E is taken on the transformed p), logprobs from
+the target distribution used, and a 400 naming every field nsd does not implement."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import httpx
+import pytest
+import torch
+
+from mock import MockLM
+from nsd.api import GenerationConfig
+from nsd.decode import DecodeConfig, decode, run_to_end
+from nsd.proposers.draft_model import DraftModelProposer
+from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs
+from nsd.serve import ServerConfig
+from nsd.verify import RuleConfig
+from serve_support import mock_engine, running_server, sse_events
+
+PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.6, logit_bias=((0, 1.5), (3, -2.0)))
+
+
+def _reference_adjusted(logits: torch.Tensor, history: list[int], presence: float,
+                        frequency: float, bias: dict[int, float]) -> list[float]:
+    """OpenAI's definition, written out: l[j] + bias[j] - frequency·c[j] - presence·[c[j] > 0]."""
+    counts = Counter(history)
+    return [float(x) + bias.get(j, 0.0) - frequency * counts[j] - presence * (counts[j] > 0)
+            for j, x in enumerate(logits.double())]
+
+
+def test_adjust_logits_follows_the_definition_row_by_row() -> None:
+    config = SamplingConfig(temperature=1.0, **PENALTIES)
+    logits = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    history, drafts = [1, 1, 2, 0], [2, 5]
+    out = adjust_logits(logits, config, history, drafts)
+    for i in range(3):  # row i follows history + drafts[:i]
+        expected = _reference_adjusted(logits[i], history + drafts[:i], 0.8, 0.6, {0: 1.5, 3: -2.0})
+        torch.testing.assert_close(out[i].double(), torch.tensor(expected, dtype=torch.float64),
+                                   atol=1e-5, rtol=0)
+    single = adjust_logits(logits[0], config, history)
+    torch.testing.assert_close(single, out[0])
+    assert adjust_logits(logits, SamplingConfig(temperature=1.0), history) is logits  # a no-op
+
+
+def _law(target: MockLM, prompt: list[int], length: int, v: int, temperature: float) -> dict:
+    """Every sequence's probability under AR sampling of the penalised, biased target."""
+    bias = dict(PENALTIES["logit_bias"])
+    probs = {}
+    for seq in itertools.product(range(v), repeat=length):
+        ctx, pr = list(prompt), 1.0
+        for i, tok in enumerate(seq):
+            adjusted = _reference_adjusted(target.logits_after(ctx), list(seq[:i]), 0.8, 0.6, bias)
+            weights = [math.exp(x / temperature) for x in adjusted]
+            pr *= weights[tok] / sum(weights)
+            ctx.append(tok)
+        probs[seq] = pr
+    return probs
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_sd_with_penalties_and_bias_samples_the_transformed_target_law(speculative: bool) -> None:
+    v, length, n, temperature = 4, 3, 3000, 0.9
+    sampling = SamplingConfig(temperature=temperature, **PENALTIES)
+    target = MockLM(vocab_size=v, seed=30, sharpness=1.2)
+    draft = MockLM(vocab_size=v, seed=31, sharpness=1.2)
+    exact = _law(target, [1, 2], length, v, temperature)
+    counts: Counter = Counter()
+    for seed in range(n):
+        config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="exact"),
+                              sampling=sampling, k=2, max_new_tokens=length, seed=seed)
+        proposer = DraftModelProposer(draft, sampling) if speculative else None
+        tokens, _ = run_to_end(decode(target, [1, 2], config, proposer))
+        counts[tuple(tokens)] += 1
+    cells = [(counts.get(s, 0), n * p) for s, p in exact.items()]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert chi2 < dof + 5 * math.sqrt(2 * dof), (chi2, dof)
+    # The transform binds: the plain law is far from these counts.
+    plain = _law_plain(target, [1, 2], length, v, temperature)
+    assert sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in plain.items()) > 5 * chi2
+
+
+def _law_plain(target: MockLM, prompt: list[int], length: int, v: int, temperature: float) -> dict:
+    probs = {}
+    for seq in itertools.product(range(v), repeat=length):
+        ctx, pr = list(prompt), 1.0
+        for tok in seq:
+            pr *= float(torch.softmax(target.logits_after(ctx).double() / temperature, -1)[tok])
+            ctx.append(tok)
+        probs[seq] = pr
+    return probs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_sees_the_same_transform_so_a_copy_of_the_target_costs_nothing(temperature) -> None:
+    # A draft identical to the target, transformed the same way, has q = p at every
+    # position: every draft is accepted and E = 0, whatever the rule. E is thus taken on
+    # the transformed p: a draft left untransformed gets rejections and, under NSD, E > 0.
+    sampling = SamplingConfig(temperature=temperature, **PENALTIES)
+    rule = RuleConfig(kind="nucleus", theta=0.9)
+    config = DecodeConfig(rule=rule, sampling=sampling, k=3, max_new_tokens=30, seed=1)
+    target, draft = MockLM(vocab_size=8, seed=40), MockLM(vocab_size=8, seed=40)
+    _, same = run_to_end(decode(target, [1, 2, 3], config, DraftModelProposer(draft, sampling)))
+    assert same.accepted_tokens == same.drafted_tokens > 0 and same.deviation == 0.0
+    plain = SamplingConfig(temperature=temperature)
+    _, other = run_to_end(decode(target, [1, 2, 3], config, DraftModelProposer(draft, plain)))
+    assert other.accepted_tokens < other.drafted_tokens and other.deviation > 0
+
+
+@pytest.mark.parametrize("temperature,speculative", [(0.0, True), (0.8, True), (0.8, False),
+                                                     (0.0, False)])
+def test_logprobs_are_those_of_the_target_distribution_used(temperature, speculative) -> None:
+    sampling = SamplingConfig(temperature=temperature, top_k=6, **PENALTIES)
+    target, draft = MockLM(vocab_size=10, seed=50), MockLM(vocab_size=10, seed=51)
+    config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="nucleus", theta=0.8),
+                          sampling=sampling, k=3, max_new_tokens=20, seed=4, logprobs=3)
+    sink: list = []
+    tokens, _ = run_to_end(decode(target, [1, 2], config,
+                                  DraftModelProposer(draft, sampling) if speculative else None,
+                                  logprob_sink=sink))
+    assert [e.token for e in sink] == tokens
+    for i, entry in enumerate(sink):
+        logits = target.logits_after([1, 2] + tokens[:i])
+        history = tokens[:i]
+        if temperature == 0:  # p̂: the adjusted softmax at temperature 1
+            expected = torch.log_softmax(adjust_logits(logits, sampling, history), -1)
+            if not speculative:  # (NSD may accept another token of the nucleus)
+                assert entry.top[0][0] == entry.token
+        else:
+            expected = torch.log(logits_to_probs(logits, sampling, history).double()).float()
+        assert entry.logprob == pytest.approx(float(expected[entry.token]), abs=1e-5)
+        order = torch.argsort(expected, descending=True)[:3].tolist()
+        assert [t for t, _ in entry.top] == order
+        assert [lp for _, lp in entry.top] == pytest.approx(expected[order].tolist(), abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- the server
+
+DEFAULTS = GenerationConfig(method="nsd", max_new_tokens=10, k=3)
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = mock_engine(n_ctx=256)
+    with running_server(engine, ServerConfig(model_name="mock", defaults=DEFAULTS)) as (url, _):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            yield client, engine
+
+
+def _post(client, chat: bool, **body):
+    base = {"model": "mock", "max_tokens": 10}
+    base.update({"messages": [{"role": "user", "content": "abcab"}]} if chat else {"prompt": "abcab"})
+    return client.post("/v1/chat/completions" if chat else "/v1/completions", json={**base, **body})
+
+
+def _library(engine, chat: bool, **config):
+    prompt = engine.encode([{"role": "user", "content": "abcab"}]) if chat else engine.encode("abcab")
+    return engine.generate(prompt, GenerationConfig(**{**DEFAULTS.__dict__, "max_new_tokens": 10,
+                                                       **config}))
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_penalties_are_honoured(server, chat: bool) -> None:
+    client, engine = server
+    body = dict(presence_penalty=1.5, frequency_penalty=2.0, temperature=0.7, seed=3)
+    r = _post(client, chat, **body)
+    assert r.status_code == 200
+    text = r.json()["choices"][0]["message" if chat else "text"]
+    text = text["content"] if chat else text
+    assert text == _library(engine, chat, **body).text
+    plain = _library(engine, chat, temperature=0.7, seed=3).text
+    assert text != plain  # they bind on this prompt
+    # A strong frequency penalty spreads the tokens: no letter repeats much.
+    assert max(Counter(text).values()) <= max(Counter(plain).values())
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_logit_bias_is_honoured(server, chat: bool) -> None:
+    client, _ = server
+    r = _post(client, chat, logit_bias={"5": 100})  # token 5 is "f" to the mock tokenizer
+    choice = r.json()["choices"][0]
+    assert (choice["message"]["content"] if chat else choice["text"]) == "f" * 10
+    r = _post(client, chat, logit_bias={"5": -100, "6": -100}, temperature=1.0, seed=2,
+              max_tokens=40)
+    text = r.json()["choices"][0]
+    assert not set(text["message"]["content"] if chat else text["text"]) & {"f", "g"}
+
+
+def test_chat_logprobs_and_top_logprobs(server) -> None:
+    client, engine = server
+    r = _post(client, True, logprobs=True, top_logprobs=2, temperature=0.8, seed=9)
+    body = r.json()
+    choice = body["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == body["usage"]["completion_tokens"] == 10
+    assert "".join(e["token"] for e in content) == choice["message"]["content"]
+    expected = _library(engine, True, temperature=0.8, seed=9, logprobs=2).logprobs
+    for entry, info in zip(content, expected):
+        assert entry["logprob"] == pytest.approx(info.logprob)
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert len(entry["top_logprobs"]) == 2
+        top = [t["logprob"] for t in entry["top_logprobs"]]
+        assert top == sorted(top, reverse=True) and entry["logprob"] <= top[0] + 1e-6
+        assert all(-9999 <= t <= 0 for t in top)
+    r = _post(client, True, logprobs=True)  # no alternatives asked: none given
+    assert all(e["top_logprobs"] == [] for e in r.json()["choices"][0]["logprobs"]["content"])
+    assert _post(client, True).json()["choices"][0]["logprobs"] is None
+
+
+def test_greedy_logprobs_report_the_emitted_token_as_most_likely(server) -> None:
+    client, _ = server
+    # Exact SD: greedy output is the argmax at every position (NSD may relax to another).
+    content = _post(client, True, logprobs=True, top_logprobs=1,
+                    nsd={"method": "sd"}).json()["choices"][0]["logprobs"]["content"]
+    for entry in content:
+        assert entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(entry["logprob"])
+        assert entry["logprob"] < 0  # p̂, the temperature-1 softmax: not a one-hot's 0
+
+
+def test_completion_logprobs_legacy_form(server) -> None:
+    client, _ = server
+    body = _post(client, False, logprobs=3, temperature=0.8, seed=1).json()
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"] == list(itertools.accumulate([0] + [len(t) for t in lp["tokens"]]))[:-1]
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 10
+    assert all(len(top) <= 3 and max(top.values()) >= logprob - 1e-6
+               for top, logprob in zip(lp["top_logprobs"], lp["token_logprobs"]))
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_logprobs_match_the_whole_response(server, chat: bool) -> None:
+    client, _ = server
+    body = {"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2}
+    whole = _post(client, chat, temperature=0.8, seed=5, stop=["c"], **body).json()
+    base = {"model": "mock", "max_tokens": 10, "temperature": 0.8, "seed": 5, "stop": ["c"],
+            "stream": True, **body}
+    base.update({"messages": [{"role": "user", "content": "abcab"}]} if chat else {"prompt": "abcab"})
+    with client.stream("POST", "/v1/chat/completions" if chat else "/v1/completions", json=base) as r:
+        events = [e for e in sse_events(r.read().decode()) if e != "[DONE]"]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"] and e["choices"][0]["logprobs"]]
+    expected = whole["choices"][0]["logprobs"]
+    if chat:
+        assert [x for p in pieces for x in p["content"]] == expected["content"]
+    else:
+        assert [x for p in pieces for x in p["tokens"]] == expected["tokens"]
+        assert [x for p in pieces for x in p["text_offset"]] == expected["text_offset"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("field, value", [
+    ("response_format", {"type": "text"}), ("echo", False), ("suffix", ""), ("best_of", 1),
+    ("tool_choice", "none"), ("user", "someone"), ("store", False), ("service_tier", "auto"),
+    ("parallel_tool_calls", False), ("modalities", ["text"]), ("metadata", {}),
+    ("presence_penalty", 0), ("logit_bias", {}),
+])
+def test_fields_that_ask_for_nothing_are_accepted(server, chat, field, value) -> None:
+    client, _ = server
+    assert _post(client, chat, **{field: value}).status_code == 200
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("field, value, says", [
+    ("response_format", {"type": "json_object"}, "same grammar"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}, "same grammar"),
+    ("echo", True, "echo"), ("suffix", "end", "suffix"), ("best_of", 2, "best_of"),
+    ("tool_choice", "auto", "tool calling"), ("audio", {"voice": "x"}, "audio"),
+    ("modalities", ["text", "audio"], "text modality"), ("prediction", {"type": "content"}, "predicted"),
+    ("reasoning_effort", "low", "reasoning_effort"), ("web_search_options", {}, "web search"),
+    ("store", True, "storing"), ("metadata", {"a": "b"}, "metadata"),
+    ("service_tier", "flex", "tiers"), ("functions", [{"name": "f"}], "tool calling"),
+    ("presence_penalty", 2.5, "[-2, 2]"), ("frequency_penalty", -3, "[-2, 2]"),
+    ("logit_bias", {"5": 101}, "[-100, 100]"), ("logit_bias", {"x": 1}, "token id"),
+    ("logit_bias", {"16": 1}, "vocabulary"), ("logit_bias", [1], "object"),
+    ("repetition_penalty", 1.1, "unknown field"), ("n", 2, "n = 1"),
+])
+def test_fields_not_implemented_are_a_400_naming_them(server, chat, field, value, says) -> None:
+    client, _ = server
+    r = _post(client, chat, **{field: value})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and says in error["message"], error
+
+
+def test_logprobs_fields_are_checked(server) -> None:
+    client, _ = server
+    r = _post(client, True, top_logprobs=2)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    r = _post(client, True, logprobs=True, top_logprobs=21)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    r = _post(client, False, logprobs=True)  # the legacy field is a count, not a flag
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = _post(client, False, logprobs=21)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
