@@ -320,7 +320,8 @@ def test_generation_after_a_reused_prefix_agrees_with_a_cold_one(gguf: Path) -> 
             LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as cold:
         first, _ = run_to_end(decode(warm, PROMPT, config, NgramProposer()))
         second_prompt = PROMPT + first + OTHER
-        warm_out, warm_stats = run_to_end(decode(warm, second_prompt, config, NgramProposer()))
+        warm_out, warm_stats = run_to_end(decode(warm, second_prompt, config, NgramProposer(),
+                                                 reuse_cache=True))
         cold_out, cold_stats = run_to_end(decode(cold, second_prompt, config, NgramProposer()))
     assert warm_stats.cached_prompt_tokens >= len(PROMPT) + len(first) - 1
     assert cold_stats.cached_prompt_tokens == 0

@@ -17,8 +17,10 @@ GREEDY = SamplingConfig(temperature=0.0)
 SAMPLE = SamplingConfig(temperature=1.0)
 
 
-def _engine(target, draft=None) -> Engine:
-    return Engine.from_backends(target, CharTokenizer(), draft=draft, eos_token_ids=())
+def _engine(target, draft=None, budget: int = 0) -> Engine:
+    engine = Engine.from_backends(target, CharTokenizer(), draft=draft, eos_token_ids=())
+    engine.prefix_cache = PrefixCache(budget_bytes=budget)  # 0: the live cache only
+    return engine
 
 
 @pytest.mark.parametrize("method,temperature", [("sd", 0.0), ("nsd", 1.0), ("ar", 0.7)])
@@ -37,6 +39,11 @@ def test_warm_prefix_gives_the_tokens_of_a_cold_cache(method: str, temperature: 
     assert again.token_ids == reference.token_ids
     assert again.stats.deviation == reference.stats.deviation
     assert reference.stats.cached_prompt_tokens == 0
+    # Without a prefix cache the engine prefills every prompt whole (comparable runs).
+    plain = Engine.from_backends(CachingLM(vocab_size=52, seed=1), CharTokenizer(),
+                                 draft=CachingLM(vocab_size=52, seed=2), eos_token_ids=())
+    plain.generate("abcdefghijklmnopqrstuvwxyz", config)
+    assert plain.generate(second_prompt, config).stats.cached_prompt_tokens == 0
     # The prefill fed only the new part of the prompt (3 tokens + the answer's last one).
     assert fed_second < cold.target.fed_tokens - len(second_prompt) + 10
     if method != "ar":  # the draft's cache was reused too
@@ -47,15 +54,15 @@ def test_a_backend_that_does_not_say_what_it_holds_is_reset() -> None:
     target = MockLM(vocab_size=16, seed=3)  # no cached_tokens: nothing is reused
     config = DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=5)
     a, _ = run_to_end(decode(target, [1, 2, 3, 4], config))
-    b, stats = run_to_end(decode(target, [1, 2, 3, 4], config))
+    b, stats = run_to_end(decode(target, [1, 2, 3, 4], config, reuse_cache=True))
     assert a == b and stats.cached_prompt_tokens == 0
 
 
 def test_diverging_prompt_keeps_only_the_common_prefix() -> None:
     target = CachingLM(vocab_size=16, seed=3)
     config = DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=4)
-    run_to_end(decode(target, [1, 2, 3, 4, 5, 6], config))
-    tokens, stats = run_to_end(decode(target, [1, 2, 3, 9, 9, 9], config))
+    run_to_end(decode(target, [1, 2, 3, 4, 5, 6], config, reuse_cache=True))
+    tokens, stats = run_to_end(decode(target, [1, 2, 3, 9, 9, 9], config, reuse_cache=True))
     assert stats.cached_prompt_tokens == 3
     cold, _ = run_to_end(decode(CachingLM(vocab_size=16, seed=3), [1, 2, 3, 9, 9, 9], config))
     assert tokens == cold

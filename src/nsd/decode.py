@@ -187,6 +187,7 @@ def decode(
     stop_check: Callable[[list[int]], bool] | None = None,
     k_policy: KPolicy | None = None,
     logprob_sink: list[TokenLogprob] | None = None,
+    reuse_cache: bool = False,
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
@@ -194,7 +195,10 @@ def decode(
     generation). ``stop_check(generated)`` may end the run early (stop strings).
     ``k_policy`` chooses each block's draft length (default: from ``config``). With
     ``config.logprobs`` set, each emitted token's :class:`TokenLogprob` is appended to
-    ``logprob_sink`` before the pass's tokens are yielded.
+    ``logprob_sink`` before the pass's tokens are yielded. With ``reuse_cache``, the
+    prefill keeps the longest prefix of the prompt that the target's cache still holds
+    (see :func:`nsd.backends.base.cached_tokens`) instead of starting from an empty cache;
+    off by default, so that runs compared with each other all pay their prefill.
     """
     if len(prompt_ids) == 0:
         raise NSDError("the prompt is empty: give at least one token")
@@ -207,7 +211,7 @@ def decode(
     context = list(prompt_ids)
     # Prefill: keep the longest prefix of the prompt the cache already holds (the last
     # conversation, or a prefix-cache entry restored into it) and feed only the rest.
-    held = cached_tokens(target)
+    held = cached_tokens(target) if reuse_cache else None
     reused = 0 if held is None else common_prefix_length(held, context[:-1])
     if reused:
         target.rewind(reused)

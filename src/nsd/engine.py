@@ -35,9 +35,11 @@ _NEEDS_DRAFT = ("draft", "hybrid")
 class Engine:
     """A target model, optionally a draft model, and their shared tokenizer.
 
-    Each generation reuses the longest prefix of its prompt that the models' caches still
-    hold from the last one; with a :class:`~nsd.prefix_cache.PrefixCache` in
-    ``prefix_cache``, also saved snapshots of earlier sequences (and reuse is counted).
+    With a :class:`~nsd.prefix_cache.PrefixCache` in ``prefix_cache`` (``nsd serve`` gives
+    it one), each generation reuses the longest prefix of its prompt that the models'
+    caches still hold from the last one, or that a saved snapshot of an earlier sequence
+    holds, and counts the reuse. Without one (the default) every generation prefills its
+    whole prompt, so that generations compared with each other pay the same.
     """
 
     prefix_cache: PrefixCache | None = None
@@ -172,7 +174,7 @@ class Engine:
         if self.proposer_kind == "ngram":
             return NgramProposer(self.ngram)
         draft = DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
-                                   self.draft_vocab_map)
+                                   self.draft_vocab_map, reuse_cache=self.prefix_cache is not None)
         if self.proposer_kind == "hybrid":
             return HybridProposer(draft, NgramProposer(self.ngram))
         return draft
@@ -216,7 +218,8 @@ class Engine:
         infos: list[TokenInfo] = []
         sent = 0  # infos handed out in chunks
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
-                     self.eos_token_ids, stop_check, self.k_policy(decode_config), sink)
+                     self.eos_token_ids, stop_check, self.k_policy(decode_config), sink,
+                     reuse_cache=cache is not None)
         tokens: list[int] = []
         shown = ""
         while True:

@@ -26,7 +26,8 @@ class DraftModelProposer:
     """
 
     def __init__(self, backend: ModelBackend, sampling: SamplingConfig,
-                 target_vocab_size: int | None = None, vocab_map: VocabMap | None = None) -> None:
+                 target_vocab_size: int | None = None, vocab_map: VocabMap | None = None,
+                 reuse_cache: bool = False) -> None:
         if vocab_map is not None:
             if backend.vocab_size != len(vocab_map.draft_to_target):
                 raise NSDError("the reduced draft's logits do not match its vocabulary map")
@@ -37,11 +38,11 @@ class DraftModelProposer:
         self.backend = backend
         self.sampling = sampling
         self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
-        # Target-vocabulary tokens whose KV the draft cache holds. A cache that says what it
-        # holds (left by an earlier generation or restored from a prefix cache) is reused
-        # as far as it matches; one that does not, or a reduced-vocabulary draft's (whose
-        # ids are not the target's), is rebuilt from scratch.
-        held = cached_tokens(backend) if vocab_map is None else None
+        # Target-vocabulary tokens whose KV the draft cache holds. With ``reuse_cache``, a
+        # cache that says what it holds (left by an earlier generation or restored from a
+        # prefix cache) is reused as far as it matches; otherwise, or for a
+        # reduced-vocabulary draft (whose ids are not the target's), it is rebuilt.
+        held = cached_tokens(backend) if reuse_cache and vocab_map is None else None
         self._fed: list[int] = list(held) if held is not None else []
         self._prompt_length = 0  # generated tokens start here (for the penalties)
         # The logit adjustments need target token ids; a reduced-vocabulary draft skips them
