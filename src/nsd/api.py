@@ -364,6 +364,15 @@ class Engine:
         text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def use_proposer(self, kind: str) -> None:
+        """Draft with ``kind`` from the next generation on: ``draft`` (the draft model this
+        engine loaded) or ``ngram`` (prompt lookup). The models stay loaded either way."""
+        if kind not in ("draft", "ngram"):
+            raise NSDError(f"unknown proposer {kind!r}; choose draft or ngram")
+        if kind == "draft" and self.draft is None:
+            raise NSDError("the draft proposer needs a draft model (--draft NAME or path)")
+        self.proposer_kind = kind
+
     def make_proposer(self, config: DecodeConfig) -> Proposer | None:
         if not config.speculative:
             return None
