@@ -336,3 +336,17 @@ def test_torn_last_line_ending_in_newline_is_dropped_on_resume(tmp_path: Path) -
     BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
     # Had the torn line stayed, it would now be a corrupt middle line and block every resume.
     assert len(Journal(tmp_path, SETTINGS)) == len(PROMPTS)
+
+
+def test_use_proposer_switches_and_checks_the_draft() -> None:
+    engine = fake_engine()
+    engine.use_proposer("ngram")
+    assert engine.proposer_kind == "ngram"
+    engine.use_proposer("draft")
+    assert engine.proposer_kind == "draft"
+    with pytest.raises(NSDError, match="unknown proposer"):
+        engine.use_proposer("eagle")
+    engine.draft = None
+    with pytest.raises(NSDError, match="draft proposer needs a draft model"):
+        engine.use_proposer("draft")
+    assert engine.proposer_kind == "draft"  # a refused switch changes nothing
