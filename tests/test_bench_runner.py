@@ -17,7 +17,8 @@ from nsd.bench.datasets import BenchPrompt
 from nsd.bench.methods import expand_methods
 from nsd.bench.plots import write_plots
 from nsd.bench.report import weights_used, write_report
-from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
+from nsd.bench.runner import BenchRunner, RunConfig
+from nsd.bench.speed import visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
 from nsd.errors import NSDError

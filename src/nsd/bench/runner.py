@@ -19,7 +19,7 @@ from nsd.bench.humaneval_exec import is_scored, score_humaneval, stops_for
 from nsd.bench.methods import MethodSpec
 from nsd.bench.metrics import mean_log_likelihood
 from nsd.bench.schedule import method_order, missing
-from nsd.bench.speed import tokens_per_s, visible_tokens  # noqa: F401 (visible_tokens: callers)
+from nsd.bench.speed import tokens_per_s, visible_tokens
 from nsd.bench.store import Journal
 from nsd.load import LoadMonitor
 from nsd.errors import NSDError
