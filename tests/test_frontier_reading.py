@@ -1,6 +1,7 @@
-"""nsd.bench.frontier (benchmarks/frontier_reading.py's reading) on a hand-made journal: only prompts every method has
-finished are read, the paired speed ratio is a median of per-prompt ratios, and each
-relaxed method gets its sentence with the paired quality change."""
+"""nsd.bench.frontier (what benchmarks/frontier_reading.py prints) on a hand-made journal:
+only prompts every method has finished are read, the paired speed ratio is a median of
+per-prompt ratios, and each relaxed method gets its sentence with the paired quality
+change."""
 
 from __future__ import annotations
 
