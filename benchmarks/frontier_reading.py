@@ -10,118 +10,16 @@ has finished (so each comparison stays paired); the heading says how many that i
 Speed against SD here is the median over prompts of each prompt's own tokens/s ratio; on
 HumanEval each method's pass@1 is also compared with SD's problem by problem, which at
 temperature > 0 is the tighter pairing (NSD draws the same random numbers as SD).
+The reading itself is nsd.bench.frontier (whose METHODS is run_frontier.sh's grid).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
 from pathlib import Path
 
-from nsd.bench import metrics
-from nsd.bench.methods import MethodSpec, expand_methods
-from nsd.bench.report import fidelity_table, summarize, summarize_by_category
-from nsd.bench.store import read_journal
+from nsd.bench.frontier import read_run, run_reading
 from nsd.errors import NSDError
-
-# The grid of run_frontier.sh (keep the two in step).
-METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
-                         [1.0, 4.0], ["draft"])
-
-
-def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[list[dict], int]:
-    """Records of the prompts that every method has finished, and how many prompts that is."""
-    by_prompt: dict[str, dict[str, dict]] = defaultdict(dict)
-    for (prompt, method), r in read_journal(journal)[0].items():
-        by_prompt[prompt][method] = r
-    labels = [m.label for m in methods]
-    done = [p for p, rs in by_prompt.items() if all(label in rs for label in labels)]
-    return [by_prompt[p][label] for p in done for label in labels], len(done)
-
-
-def first_prompts(records: list[dict], n: int) -> list[dict]:
-    """Records of the first ``n`` prompts, in the order the run took them (the dataset's)."""
-    keep = set(list(dict.fromkeys(r["prompt"] for r in records))[:n])
-    return [r for r in records if r["prompt"] in keep]
-
-
-def paired_ratio(records: list[dict], method: str, reference: str) -> float:
-    """Median over prompts of tok/s(method) / tok/s(reference)."""
-    rates: dict[str, dict[str, float]] = defaultdict(dict)
-    for r in records:
-        rates[r["prompt"]][r["method"]] = r["tokens_per_s"]
-    return metrics.paired_ratio(rates, method, reference)
-
-
-def against(records: list[dict], method: str, reference: str) -> dict:
-    """Problem by problem against ``reference``: the paired pass@1 change with its interval,
-    how many problems ``method`` passes that ``reference`` fails (gains) and the reverse
-    (losses), and how many completions are token for token the same."""
-    by_prompt: dict[str, dict[str, dict]] = defaultdict(dict)
-    for r in records:
-        by_prompt[r["prompt"]][r["method"]] = r
-    pairs = [(rs[method], rs[reference]) for rs in by_prompt.values() if method in rs and reference in rs]
-    scored = [(a, b) for a, b in pairs if a["passed"] is not None and b["passed"] is not None]
-    return {"change": metrics.paired_difference([float(a["passed"]) for a, _ in scored],
-                                                [float(b["passed"]) for _, b in scored]),
-            "gains": sum(a["passed"] and not b["passed"] for a, b in scored),
-            "losses": sum(b["passed"] and not a["passed"] for a, b in scored),
-            "identical": sum(a["output_ids"] == b["output_ids"] for a, b in pairs)}
-
-
-def _interval(values) -> str:
-    centre, lo, hi = values
-    return f"{centre:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-
-
-def reading(records: list[dict], summary: list[dict], execute: bool) -> list[str]:
-    """One sentence per relaxed method: speed against SD and AR (paired medians) at its
-    measured fidelity cost. On HumanEval exact SD gets one too: its own change against AR is
-    the yardstick (numerics when greedy, sampling noise otherwise)."""
-    out = []
-    for r in summary:
-        if r["family"] == "sd" and execute:
-            ar = against(records, r["method"], "ar")
-            out.append(f"- **{r['method']}** (exact): pass@1 {r['pass_at_1']:.3f}, change vs AR "
-                       f"{_interval(r['pass_at_1_change'])} (+{ar['gains']} / −{ar['losses']} problems); "
-                       f"completions identical to AR's {ar['identical']}.")
-        if r["family"] in ("ar", "sd"):
-            continue
-        quality = f"log-likelihood change vs AR {_interval(r['loglik_change'])} per token"
-        if execute:  # the task's own measure first; the text's likelihood as well
-            ar, sd = against(records, r["method"], "ar"), against(records, r["method"], "sd/draft")
-            quality = (f"pass@1 {r['pass_at_1']:.3f}, change vs AR {_interval(r['pass_at_1_change'])} "
-                       f"(+{ar['gains']} / −{ar['losses']} problems), vs SD {_interval(sd['change'])} "
-                       f"(+{sd['gains']} / −{sd['losses']}); completions identical to AR's "
-                       f"{ar['identical']}, to SD's {sd['identical']}; {quality}")
-        out.append(f"- **{r['method']}**: {paired_ratio(records, r['method'], 'sd/draft'):.2f}× SD's "
-                   f"speed and {paired_ratio(records, r['method'], 'ar'):.2f}× AR's (paired medians), "
-                   f"τ {r['tau']:.2f}, D/token {r['deviation_per_token']:.3f}, {quality}.")
-    return out
-
-
-# Per category: τ of every speculative method, and D/token of the relaxed ones.
-CATEGORY_TAU = ("sd/draft", "nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.95/draft", "nsd-budget@B1/draft",
-                "typical/draft")
-CATEGORY_D = ("nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.95/draft", "nsd-budget@B1/draft", "typical/draft")
-
-
-def category_table(records: list[dict]) -> list[str]:
-    """Markdown lines: one row per category with τ and D/token per method (one prompt set
-    per category, so read differences between categories, not third decimals)."""
-    by_category = summarize_by_category(records, METHODS)
-    short = lambda label: label.removesuffix("/draft")  # noqa: E731
-    out = ["| category | prompts | " + " | ".join(f"τ {short(m)}" for m in CATEGORY_TAU) + " | "
-           + " | ".join(f"D/tok {short(m)}" for m in CATEGORY_D) + " |",
-           "|---" * (2 + len(CATEGORY_TAU) + len(CATEGORY_D)) + "|"]
-    for name, rows in sorted(by_category.items()):
-        row = {r["method"]: r for r in rows}
-        cells = [f"{row[m]['tau']:.2f}" if m in row else "-" for m in CATEGORY_TAU]
-        cells += [f"{row[m]['deviation_per_token']:.3f}" if m in row else "-" for m in CATEGORY_D]
-        prompts = max(r["prompts"] for r in rows)
-        out.append(f"| {name.split('/', 1)[-1]} | {prompts} | " + " | ".join(cells) + " |")
-    return out
 
 
 def main() -> None:
@@ -134,31 +32,12 @@ def main() -> None:
     if args.first is not None and args.first < 1:
         ap.error(f"--first must be at least 1, got {args.first}")
     for run in args.runs:
-        results = run / "results.json"
-        if results.exists():
-            records = json.loads(results.read_text())["records"]
-            state = f"{len({r['prompt'] for r in records})} prompts, complete"
-        elif (run / "journal.jsonl").exists():
-            try:
-                records, n = complete_records(run / "journal.jsonl", METHODS)
-            except NSDError as exc:
-                raise SystemExit(f"frontier_reading: {exc}") from None
-            state = f"in progress: the {n} prompts every method has finished"
-        else:
-            raise SystemExit(f"{run}: no results.json or journal.jsonl")
-        if args.first is not None:
-            records = first_prompts(records, args.first)
-            state += f"; the first {len({r['prompt'] for r in records})} read"
-        if not records:
-            print(f"## {run.name} ({state})\n\nnothing to show yet\n")
-            continue
-        summary = summarize(records, METHODS)
-        execute = any(r.get("passed") is not None for r in records)
-        print(f"## {run.name} ({state})\n")
-        print("\n".join(fidelity_table(summary)) + "\n")
-        print("\n".join(reading(records, summary, execute)) + "\n")
-        if len({r.get("category") for r in records}) > 1:
-            print("\n".join(category_table(records)) + "\n")
+        try:
+            records, state = read_run(run, args.first)
+        except NSDError as exc:
+            raise SystemExit(f"frontier_reading: {exc}") from None
+        for block in run_reading(run.name, records, state):
+            print(block)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def main() -> None:
         ids = engines[""].encode(prompt.text, chat=prompt.chat)
         for method, proposer, k, tag in runs:
             engine = engines[tag]
-            engine.proposer_kind = proposer
+            engine.use_proposer(proposer)
             cfg = GenerationConfig(method=method, theta=args.theta, k=k, temperature=args.temperature,
                                    max_new_tokens=args.max_new_tokens)
             stats = engine.generate(ids, cfg).stats

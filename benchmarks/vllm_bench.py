@@ -29,71 +29,38 @@ those tokens are not counted). HumanEval prompts are code completions that stop 
 harness's stop strings and are scored for pass@1 after the clock stops. Each timed call
 records how busy other processes kept the CPU (``nsd.load``); the "loaded" column counts
 calls over the threshold.
+
+The rotation, HumanEval scoring and speed definition are nsd bench's own
+(``nsd.bench.schedule``, ``nsd.bench.humaneval_exec``, ``nsd.bench.speed``); the rows'
+summaries and the report are ``nsd.bench.vllm_report``. This script drives vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.metadata
 import json
-import math
 import os
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Sequence, TypeVar
+from typing import Sequence
 
 from nsd import options as optspec
 from nsd.aggregate import median
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
-from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
-from nsd.bench.metrics import acceptance_by_position, wilson_interval
-from nsd.bench.metrics import paired_ratio as metrics_paired_ratio
-from nsd.bench.store import JOURNAL, SETTINGS, Journal, write_json_atomic, write_text_atomic  # noqa: F401 (SETTINGS: tests)
+from nsd.bench.humaneval_exec import is_scored, score_humaneval, stops_for
+from nsd.bench.schedule import method_order, missing
+from nsd.bench.speed import visible_tokens
+from nsd.bench.store import JOURNAL, Journal, write_json_atomic, write_text_atomic
+from nsd.bench.vllm_report import (ENGINES, REPORT, RESULTS, engine_methods, render_report, row_key,
+                                   row_keys, summary_table)
 from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vllm"
-RESULTS, REPORT = "results.json", "report.md"
-ENGINES = ("plain", "ngram", "draft")
-Key = tuple[str, float, str]  # (prompt uid, temperature, method label)
-T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- pure parts
-
-PLAIN, SD_DRAFT = "vLLM plain", "vLLM SD draft"  # the references speeds are paired against
-
-
-def engine_methods(theta: float, budget: float) -> dict[str, list[tuple[str, dict | None]]]:
-    """Per engine, its methods as (label, RuleConfig keyword arguments; None = no plugin)."""
-    return {
-        "plain": [(PLAIN, None)],
-        "ngram": [("vLLM SD ngram", {"kind": "exact"})],
-        "draft": [(SD_DRAFT, {"kind": "exact"}),
-                  (f"vLLM+NSD θ{theta}", {"kind": "nucleus", "theta": theta}),
-                  (f"vLLM+NSD θ{theta} B={budget}", {"kind": "nucleus", "theta": theta, "budget": budget})],
-    }
-
-
-def method_order(methods: Sequence[T], index: int) -> list[T]:
-    """Prompt ``index``'s order: rotated by one per prompt (as nsd.bench.runner does), so
-    slow drift in machine load and first-call effects do not always hit the same method."""
-    shift = index % len(methods)
-    return list(methods[shift:]) + list(methods[:shift])
-
-
-def row_key(row: dict) -> Key:
-    return row["prompt"], float(row["temperature"]), row["method"]
-
-
-def missing(uids: Iterable[str], temps: Sequence[float], labels: Sequence[str], done: dict[Key, dict]) -> int:
-    """How many (prompt, temperature, method) rows the journal still lacks."""
-    return sum((u, float(t), m) not in done for u in uids for t in temps for m in labels)
 
 
 def settings_of(args: argparse.Namespace) -> dict:
@@ -108,117 +75,6 @@ def open_journal(args: argparse.Namespace, overwrite: bool = False) -> Journal:
     """The run's journal in ``args.out`` (nsd bench's own: settings check, a truncated last
     line dropped, fsynced appends), keyed by (prompt, temperature, method)."""
     return Journal(args.out, settings_of(args), overwrite=overwrite, key=row_key)
-
-
-def score_humaneval(prompt: BenchPrompt, text: str, timeout_s: float) -> dict:
-    """pass/fail of a HumanEval row, post-processed as nsd.bench.runner does it."""
-    if prompt.chat:  # a chat answer holds a whole program in a code block
-        completion, header = extract_code(text), ""
-    else:  # a code completion continues the prompt's function body
-        completion, header = truncate_completion(text), prompt.text
-    result = check_completion(header, completion, prompt.test, prompt.entry_point, timeout_s)
-    return {"completion": completion, "passed": result.passed, "exec_status": result.status,
-            "exec_detail": result.detail}
-
-
-def pass_at_1(rows: Sequence[dict]) -> dict | None:
-    """pass@1 over the rows that were scored (HumanEval), with its 95% Wilson interval."""
-    scored = [bool(r["passed"]) for r in rows if r.get("passed") is not None]
-    if not scored:
-        return None
-    lo, hi = wilson_interval(sum(scored), len(scored))
-    return {"passed": sum(scored), "n": len(scored), "rate": sum(scored) / len(scored), "ci": [lo, hi]}
-
-
-def summarise(rows: Sequence[dict]) -> dict:
-    """One table row from the rows of one (method, temperature). Rates are pooled (all
-    tokens over all time); rows without a plugin report (plain vLLM) make one token per
-    target pass and spend no deviation."""
-    tokens = sum(r["tokens"] for r in rows)
-    wall = sum(r["wall"] for r in rows)
-    out = {"prompts": len(rows), "tokens": tokens, "tok_s": tokens / wall if wall > 0 else math.nan,
-           "tok_s_median": median(r["tokens"] / r["wall"] for r in rows if r["wall"] > 0),
-           "tau": 1.0, "per_position": None, "d_per_token": 0.0, "d_max": 0.0,
-           "pass_at_1": pass_at_1(rows),
-           "loaded": sum(bool((r.get("load") or {}).get("flagged")) for r in rows)}
-    ledgers = [r["ledger"] for r in rows if r.get("ledger")]
-    if ledgers:
-        steps = sum(x["steps"] for x in ledgers)
-        out["tau"] = sum(x["tokens"] for x in ledgers) / steps if steps else math.nan
-        # D accrues over every emitted token, overshoot past a stop string included.
-        generated = sum(r.get("generated", r["tokens"]) for r in rows if r.get("ledger"))
-        out["d_per_token"] = sum(x["deviation"] for x in ledgers) / generated if generated else math.nan
-        out["d_max"] = max(x["deviation"] for x in ledgers)
-        out["per_position"] = acceptance_by_position([x["position_reached"] for x in ledgers],
-                                                     [x["position_accepted"] for x in ledgers])
-    return out
-
-
-def paired_ratio(rows: Iterable[dict], method: str, reference: str, temperature: float) -> float:
-    """Median over prompts of tok/s(method) / tok/s(reference) at one temperature."""
-    rates: dict[str, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        if float(r["temperature"]) == float(temperature) and r["wall"] > 0:
-            rates[r["prompt"]][r["method"]] = r["tokens"] / r["wall"]
-    return metrics_paired_ratio(rates, method, reference)
-
-
-def summary_table(rows: Iterable[dict], labels: Sequence[str], temps: Sequence[float]) -> list[dict]:
-    """Summaries per (temperature, method), temperature-major so each temperature's
-    methods sit together; combinations without rows are left out. Each carries its paired
-    speed against vLLM plain and against stock draft-model SD."""
-    rows = list(rows)
-    groups: dict[tuple[float, str], list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(float(r["temperature"]), r["method"])].append(r)
-    return [{"method": m, "temperature": float(t), **summarise(groups[(float(t), m)]),
-             "vs_plain": paired_ratio(rows, m, PLAIN, t), "vs_sd": paired_ratio(rows, m, SD_DRAFT, t)}
-            for t in temps for m in labels if groups.get((float(t), m))]
-
-
-COLUMNS = ("method", "temp", "prompts", "tok/s", "vs plain", "vs SD draft", "acceptance length",
-           "accept by position", "D/token", "max D", "pass@1 [95% CI]", "loaded")
-
-
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
-
-
-def format_row(s: dict) -> str:
-    """One Markdown table line of a summary ("-" where a figure is undefined)."""
-    pos = "-" if not s["per_position"] else \
-        "[" + ", ".join(_num(p, 2) for p in s["per_position"]) + "]"
-    p = s["pass_at_1"]
-    passed = "-" if p is None else \
-        f"{p['rate']:.2f} [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}] ({p['passed']}/{p['n']})"
-    cells = (s["method"], f"{s['temperature']:g}", str(s["prompts"]), _num(s["tok_s"], 2),
-             _ratio(s.get("vs_plain")), _ratio(s.get("vs_sd")), _num(s["tau"], 2), pos,
-             _num(s["d_per_token"], 3), _num(s["d_max"], 2), passed, str(s["loaded"]))
-    return "| " + " | ".join(cells) + " |"
-
-
-def render_table(summaries: Sequence[dict]) -> list[str]:
-    return ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
-            *(format_row(s) for s in summaries)]
-
-
-def render_report(header: Sequence[str], sections: Sequence[tuple[str, list[dict]]]) -> str:
-    """The Markdown report: header lines, then one titled table per section."""
-    lines = list(header)
-    for title, summaries in sections:
-        lines += ["", f"## {title}", "", *render_table(summaries)]
-    lines += ["", "tok/s: visible generated tokens over wall time, pooled over the prompts. "
-              "vs plain / vs SD draft: median over prompts of each prompt's own tok/s ratio. "
-              "Acceptance length: tokens per verification step that had drafts. Accept by "
-              "position: share of steps reaching draft position i that accepted it (- = none "
-              "reached it). D: the plugin's deviation bound. pass@1: HumanEval rows only, 95% "
-              "Wilson interval. loaded: calls during which other processes used over 25% of "
-              "the CPU (their tok/s is suspect)."]
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- vLLM side
@@ -257,14 +113,12 @@ def sampling(prompt: BenchPrompt, temperature: float, max_tokens: int, seed: int
 
     # HumanEval code completions end at the harness's stop strings (a new top-level
     # statement), as in nsd.bench.runner; chat prompts end at the chat template's EOS.
-    stop = list(HUMANEVAL_STOPS) if prompt.entry_point is not None and not prompt.chat else None
+    stop = list(stops_for(prompt)) or None
     return vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, stop=stop)
 
 
 def run_one(llm, prompt: BenchPrompt, text: str, temperature: float, args: argparse.Namespace,
             report: Path | None, monitor) -> dict:
-    from nsd.bench.runner import visible_tokens
-
     params = sampling(prompt, temperature, args.max_tokens, args.seed)
     with monitor.measure() as load:
         t0 = time.perf_counter()
@@ -283,7 +137,7 @@ def run_one(llm, prompt: BenchPrompt, text: str, temperature: float, args: argpa
         row["ledger"] = report_line(report, out.request_id)
         if row["ledger"] is None:
             raise SystemExit(f"no nsd report line for request {out.request_id} in {report}")
-    if prompt.test is not None and prompt.entry_point is not None:
+    if is_scored(prompt):
         row.update(score_humaneval(prompt, result.text, args.exec_timeout))  # after the clock stopped
     return row
 
@@ -292,7 +146,7 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
     """Child process: every missing row of one engine, appended to the journal one by one."""
     import tempfile
 
-    from nsd.integrations.vllm.plugin import ACTIVE
+    from nsd.integrations.vllm.plugin import set_rule
     from nsd.load import LoadMonitor
     from nsd.verify import RuleConfig
 
@@ -300,7 +154,7 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
     done = journal.records
     temps = [float(t) for t in args.temperatures.split(",")]
     methods = engine_methods(args.theta, args.budget)[name]
-    if not missing([p.uid for p in prompts], temps, [m[0] for m in methods], done):
+    if not missing(row_keys([p.uid for p in prompts], temps, [m[0] for m in methods]), done):
         return
     specs = {"plain": None,
              "ngram": {"method": "ngram", "num_speculative_tokens": args.k,
@@ -314,12 +168,11 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
     llm = build(spec, report, args)
     print(f"[bench] {name}: engine ready in {time.perf_counter() - t0:.0f} s", flush=True)
     texts = texts_for(llm, prompts)
-    base = ACTIVE.config
     monitor = LoadMonitor()
 
     def use(rule: dict | None) -> None:
         if rule is not None:
-            ACTIVE.config = dataclasses.replace(base, rule=RuleConfig(**rule))
+            set_rule(RuleConfig(**rule))
 
     for _label, rule in methods:  # untimed: lazy allocations are not billed to a method
         use(rule)
@@ -384,7 +237,7 @@ def main() -> None:
     methods = engine_methods(args.theta, args.budget)
     uids = [p.uid for p in prompts]
     for name in names:
-        todo = missing(uids, temps, [m[0] for m in methods[name]], open_journal(args).records)
+        todo = missing(row_keys(uids, temps, [m[0] for m in methods[name]]), open_journal(args).records)
         print(f"[bench] {name}: {todo} rows to run", flush=True)
         if todo:
             rc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--engines", name,

@@ -17,7 +17,8 @@ from nsd.bench.datasets import BenchPrompt
 from nsd.bench.methods import expand_methods
 from nsd.bench.plots import write_plots
 from nsd.bench.report import weights_used, write_report
-from nsd.bench.runner import BenchRunner, RunConfig, visible_tokens
+from nsd.bench.runner import BenchRunner, RunConfig
+from nsd.bench.speed import visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
 from nsd.errors import NSDError
@@ -336,3 +337,17 @@ def test_torn_last_line_ending_in_newline_is_dropped_on_resume(tmp_path: Path) -
     BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
     # Had the torn line stayed, it would now be a corrupt middle line and block every resume.
     assert len(Journal(tmp_path, SETTINGS)) == len(PROMPTS)
+
+
+def test_use_proposer_switches_and_checks_the_draft() -> None:
+    engine = fake_engine()
+    engine.use_proposer("ngram")
+    assert engine.proposer_kind == "ngram"
+    engine.use_proposer("draft")
+    assert engine.proposer_kind == "draft"
+    with pytest.raises(NSDError, match="unknown proposer"):
+        engine.use_proposer("eagle")
+    engine.draft = None
+    with pytest.raises(NSDError, match="draft proposer needs a draft model"):
+        engine.use_proposer("draft")
+    assert engine.proposer_kind == "draft"  # a refused switch changes nothing

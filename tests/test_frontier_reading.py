@@ -1,22 +1,19 @@
-"""benchmarks/frontier_reading.py on a hand-made journal: only prompts every method has
-finished are read, the paired speed ratio is a median of per-prompt ratios, and each
-relaxed method gets its sentence with the paired quality change."""
+"""nsd.bench.frontier (what benchmarks/frontier_reading.py prints) on a hand-made journal:
+only prompts every method has finished are read, the paired speed ratio is a median of
+per-prompt ratios, and each relaxed method gets its sentence with the paired quality
+change."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from nsd.bench import frontier as fr
 from nsd.bench.methods import expand_methods
 from nsd.bench.report import summarize
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier_reading.py"
-spec = importlib.util.spec_from_file_location("frontier_reading", SCRIPT)
-fr = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fr)
+from nsd.errors import NSDError
 
 METHODS = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"])  # ar, sd/draft, nsd@0.9/draft
 
@@ -65,3 +62,19 @@ def test_first_prompts_keeps_the_run_order() -> None:
     kept = fr.first_prompts(rows, 2)
     assert [r["prompt"] for r in kept] == ["p2", "p2", "p0", "p0"]
     assert fr.first_prompts(rows, 10) == rows
+
+
+def test_read_run_from_a_journal_and_the_blocks_printed(tmp_path: Path) -> None:
+    rows = [record(p, m, 10, True) for p in ("p0", "p1") for m in [s.label for s in fr.METHODS]]
+    rows += [record("p2", "ar", 10, True)]  # unfinished: left out
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records, state = fr.read_run(tmp_path)
+    assert state == "in progress: the 2 prompts every method has finished"
+    assert len(records) == 2 * len(fr.METHODS)
+    records, state = fr.read_run(tmp_path, first=1)
+    assert state.endswith("; the first 1 read") and {r["prompt"] for r in records} == {"p0"}
+    blocks = fr.run_reading("run", records, state)
+    assert blocks[0] == f"## run ({state})\n" and blocks[1].startswith("| method |")
+    assert fr.run_reading("run", [], "x") == ["## run (x)\n\nnothing to show yet\n"]
+    with pytest.raises(NSDError, match="no results.json or journal.jsonl"):
+        fr.read_run(tmp_path / "missing")

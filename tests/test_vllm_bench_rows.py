@@ -1,9 +1,9 @@
-"""benchmarks/vllm_bench.py without vLLM: summaries, pass@1, the journal and resuming,
-settings checks, method rotation and the Markdown table, on hand-made rows."""
+"""benchmarks/vllm_bench.py's rows without vLLM (nsd.bench.vllm_report, and the journal,
+rotation and HumanEval scoring it shares with nsd bench): summaries, pass@1, the journal
+and resuming, settings checks, method rotation and the Markdown table, on hand-made rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -11,21 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from nsd.bench import vllm_report as vb
 from nsd.bench.datasets import BenchPrompt
-from nsd.bench.store import Journal
+from nsd.bench.humaneval_exec import score_humaneval, stops_for
+from nsd.bench.schedule import method_order, missing
+from nsd.bench.store import JOURNAL, SETTINGS as SETTINGS_FILE, Journal
 from nsd.errors import NSDError
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_bench.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("vllm_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vb = _load()
 
 
 def ledger(steps: int, tokens: int, deviation: float, reached: list[int], accepted: list[int]) -> dict:
@@ -117,11 +108,11 @@ def test_markdown_table_with_pass_at_1_interval() -> None:
 
 def test_method_order_rotates_per_prompt() -> None:
     methods = ["SD", "NSD", "NSD B"]
-    assert vb.method_order(methods, 0) == ["SD", "NSD", "NSD B"]
-    assert vb.method_order(methods, 1) == ["NSD", "NSD B", "SD"]
-    assert vb.method_order(methods, 5) == ["NSD B", "SD", "NSD"]
-    assert sorted(vb.method_order(methods, i)[0] for i in range(3)) == sorted(methods)
-    assert vb.method_order(["plain"], 7) == ["plain"]
+    assert method_order(methods, 0) == ["SD", "NSD", "NSD B"]
+    assert method_order(methods, 1) == ["NSD", "NSD B", "SD"]
+    assert method_order(methods, 5) == ["NSD B", "SD", "NSD"]
+    assert sorted(method_order(methods, i)[0] for i in range(3)) == sorted(methods)
+    assert method_order(["plain"], 7) == ["plain"]
 
 
 SETTINGS = {"datasets": ["humaneval"], "limit": 5, "max_tokens": 128, "temperatures": [0.0, 0.8]}
@@ -132,7 +123,7 @@ def journal(folder: Path, settings: dict = SETTINGS, overwrite: bool = False) ->
 
 
 def test_journal_resume_skips_done_rows_and_drops_a_truncated_last_line(tmp_path: Path) -> None:
-    path = tmp_path / vb.JOURNAL
+    path = tmp_path / JOURNAL
     first = journal(tmp_path)
     first.append(row("humaneval:0", "SD", 0.0, 5, 1.0, passed=True))
     first.append(row("humaneval:0", "SD", 0.8, 5, 1.0, led={"deviation": math.nan}))
@@ -143,15 +134,15 @@ def test_journal_resume_skips_done_rows_and_drops_a_truncated_last_line(tmp_path
     assert done[("humaneval:0", 0.8, "SD")]["ledger"]["deviation"] is None  # NaN -> null
     assert path.read_text(encoding="utf-8").endswith("}\n")  # the partial line is gone
     # 2 prompts x 2 temperatures x 2 methods, 2 rows done.
-    assert vb.missing(["humaneval:0", "humaneval:1"], [0, 0.8], ["SD", "NSD"], done) == 6
+    assert missing(vb.row_keys(["humaneval:0", "humaneval:1"], [0, 0.8], ["SD", "NSD"]), done) == 6
     journal(tmp_path).append(row("humaneval:1", "NSD", 0.8, 5, 1.0))
     assert len(journal(tmp_path).records) == 3
-    assert vb.missing(["humaneval:0"], [0.0, 0.8], ["SD"], journal(tmp_path).records) == 0
+    assert missing(vb.row_keys(["humaneval:0"], [0.0, 0.8], ["SD"]), journal(tmp_path).records) == 0
 
 
 def test_journal_with_a_corrupt_middle_line_stops(tmp_path: Path) -> None:
     journal(tmp_path)
-    path = tmp_path / vb.JOURNAL
+    path = tmp_path / JOURNAL
     path.write_text("not json\n" + json.dumps(row("a", "SD", 0.0, 1, 1.0)) + "\n", encoding="utf-8")
     with pytest.raises(NSDError, match="journal.jsonl:1 is corrupt"):
         journal(tmp_path)
@@ -164,12 +155,12 @@ def test_settings_mismatch_stops_unless_overwrite(tmp_path: Path) -> None:
     with pytest.raises(NSDError, match=r"max_tokens: 128 -> 64.*--overwrite"):
         journal(tmp_path, {**settings, "max_tokens": 64})
     journal(tmp_path, {**settings, "max_tokens": 64}, overwrite=True)
-    assert not (tmp_path / vb.JOURNAL).exists()
-    assert json.loads((tmp_path / vb.SETTINGS).read_text())["max_tokens"] == 64
+    assert not (tmp_path / JOURNAL).exists()
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())["max_tokens"] == 64
 
 
 def test_journal_without_settings_stops(tmp_path: Path) -> None:
-    (tmp_path / vb.JOURNAL).write_text(json.dumps(row("a", "SD", 0.0, 1, 1.0)) + "\n", encoding="utf-8")
+    (tmp_path / JOURNAL).write_text(json.dumps(row("a", "SD", 0.0, 1, 1.0)) + "\n", encoding="utf-8")
     with pytest.raises(NSDError, match="without settings.json"):
         journal(tmp_path, {"limit": 1})
 
@@ -178,7 +169,13 @@ def test_score_humaneval_truncates_and_runs_the_tests() -> None:
     prompt = BenchPrompt(uid="humaneval:x", dataset="humaneval", category="humaneval",
                          text="def add(a, b):\n", chat=False, entry_point="add",
                          test="def check(candidate):\n    assert candidate(2, 3) == 5\n")
-    good = vb.score_humaneval(prompt, "    return a + b\n\ndef other():\n    return 1/0\n", 10.0)
+    good = score_humaneval(prompt, "    return a + b\n\ndef other():\n    return 1/0\n", 10.0)
     assert good["completion"] == "    return a + b\n" and good["passed"] is True
-    bad = vb.score_humaneval(prompt, "    return a - b\n", 10.0)
+    bad = score_humaneval(prompt, "    return a - b\n", 10.0)
     assert bad["passed"] is False and bad["exec_status"] == "failed"
+    unrun = score_humaneval(prompt, "    return a + b\n", 10.0, execute=False)
+    assert unrun == {"completion": "    return a + b\n", "passed": None, "exec_status": None,
+                     "exec_detail": None}
+    assert stops_for(prompt) and "\ndef " in stops_for(prompt)
+    assert stops_for(BenchPrompt(uid="humaneval:y", dataset="humaneval", category="humaneval",
+                                 text="Write add.", chat=True, entry_point="add", test="")) == ()

@@ -168,6 +168,16 @@ class Engine:
         text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def use_proposer(self, kind: str) -> None:
+        """Draft with ``kind`` from the next generation on: ``draft`` (the draft model this
+        engine loaded), ``ngram`` (prompt lookup) or ``hybrid`` (both). The models stay
+        loaded either way."""
+        if kind not in PROPOSERS:
+            raise NSDError(f"unknown proposer {kind!r}; choose {', '.join(PROPOSERS)}")
+        if kind in _NEEDS_DRAFT and self.draft is None:
+            raise NSDError(f"the {kind} proposer needs a draft model (--draft NAME or path)")
+        self.proposer_kind = kind
+
     def make_proposer(self, config: DecodeConfig) -> Proposer | None:
         if not config.speculative:
             return None

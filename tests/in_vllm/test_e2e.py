@@ -9,7 +9,6 @@ generations instead of paying for an engine start per rule.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 vllm = pytest.importorskip("vllm")
 
-from nsd.integrations.vllm.plugin import ACTIVE  # noqa: E402
+from nsd.integrations.vllm.plugin import ACTIVE, set_rule  # noqa: E402
 from nsd.verify import RuleConfig  # noqa: E402
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
@@ -60,8 +59,8 @@ def read_report(report: Path) -> dict[str, list[dict]]:
 
 def generate(engine, rule: RuleConfig) -> tuple[list[list[int]], list[dict]]:
     """Token ids per prompt, and each request's report line (written before generate returns)."""
-    llm, report, config = engine
-    ACTIVE.config = dataclasses.replace(config, rule=rule)
+    llm, report, _config = engine
+    set_rule(rule)
     outs = llm.generate(PROMPTS, vllm.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
                         use_tqdm=False)
     by_id = read_report(report)

@@ -96,3 +96,30 @@ def check_completion(prompt: str, completion: str, test: str, entry_point: str,
                      timeout_s: float = 10.0) -> ExecResult:
     """pass/fail of one HumanEval completion (already truncated)."""
     return run_program(program(prompt, completion, test, entry_point), timeout_s)
+
+
+def stops_for(prompt) -> tuple[str, ...]:
+    """The stop strings a benchmark call adds for ``prompt`` (a
+    :class:`~nsd.bench.datasets.BenchPrompt`): a HumanEval code completion ends at a new
+    top-level statement; a chat answer ends at the chat template's end of turn."""
+    return HUMANEVAL_STOPS if prompt.entry_point is not None and not prompt.chat else ()
+
+
+def is_scored(prompt) -> bool:
+    """Whether ``prompt`` carries tests to score its answer for pass@1 (HumanEval)."""
+    return prompt.test is not None and prompt.entry_point is not None
+
+
+def score_humaneval(prompt, text: str, timeout_s: float = 10.0, execute: bool = True) -> dict:
+    """A HumanEval answer post-processed and, with ``execute``, run against its tests: the
+    fields ``completion``, ``passed``, ``exec_status`` and ``exec_detail`` of a benchmark
+    record (the last three None when not executed). Call it after the clock stopped."""
+    if prompt.chat:  # a chat answer holds a whole program in a code block
+        completion, header = extract_code(text), ""
+    else:  # a code completion continues the prompt's function body
+        completion, header = truncate_completion(text), prompt.text
+    out = {"completion": completion, "passed": None, "exec_status": None, "exec_detail": None}
+    if execute:
+        result = check_completion(header, completion, prompt.test, prompt.entry_point, timeout_s)
+        out.update(passed=result.passed, exec_status=result.status, exec_detail=result.detail)
+    return out

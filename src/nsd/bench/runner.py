@@ -15,11 +15,13 @@ from typing import Sequence
 
 from nsd.api import GenerationConfig
 from nsd.bench.datasets import BenchPrompt
-from nsd.bench.humaneval_exec import HUMANEVAL_STOPS, check_completion, extract_code, truncate_completion
-from nsd.load import LoadMonitor
+from nsd.bench.humaneval_exec import is_scored, score_humaneval, stops_for
 from nsd.bench.methods import MethodSpec
 from nsd.bench.metrics import mean_log_likelihood
+from nsd.bench.schedule import method_order, missing
+from nsd.bench.speed import tokens_per_s, visible_tokens
 from nsd.bench.store import Journal
+from nsd.load import LoadMonitor
 from nsd.errors import NSDError
 
 _WARMUP_TOKENS = 4
@@ -47,19 +49,9 @@ class RunConfig:
             raise NSDError(f"the execution timeout must be > 0, got {self.exec_timeout_s}")
 
 
-def use_proposer(engine, kind: str | None) -> None:
-    """Point the engine at the proposer a method asks for (the draft model or n-grams);
-    an Engine loads its draft once and can switch per call."""
-    if kind is None:
-        return
-    if kind == "draft" and getattr(engine, "draft", None) is None:
-        raise NSDError("the draft proposer needs a draft model (--draft NAME)")
-    engine.proposer_kind = kind
-
-
 def pending(journal: Journal, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec]) -> int:
     """How many (prompt, method) calls the journal still lacks."""
-    return sum((p.uid, m.label) not in journal for p in prompts for m in methods)
+    return missing(((p.uid, m.label) for p in prompts for m in methods), journal)
 
 
 def collect(journal: Journal, prompts: Sequence[BenchPrompt], methods: Sequence[MethodSpec]) -> list[dict]:
@@ -67,20 +59,11 @@ def collect(journal: Journal, prompts: Sequence[BenchPrompt], methods: Sequence[
     return [journal.records[(p.uid, m.label)] for p in prompts for m in methods]
 
 
-def visible_tokens(tokenizer, tokens: Sequence[int], text: str) -> list[int]:
-    """The shortest prefix of ``tokens`` whose text covers ``text`` (the output up to its
-    stop string). Overshoot is at most one block, so scan back from the end."""
-    n = len(tokens)
-    while n > 0 and len(tokenizer.decode(list(tokens[:n - 1]), skip_special_tokens=True)) >= len(text):
-        n -= 1
-    return list(tokens[:n])
-
-
 class BenchRunner:
     """Runs the (prompt × method) grid, skipping records already in the journal.
 
     ``engine`` is an :class:`nsd.api.Engine` (or anything with ``encode``, ``generate``,
-    ``target`` and ``proposer_kind``); ``peers`` an :class:`~nsd.bench.hf_peers.HFPeers`
+    ``target`` and ``use_proposer``); ``peers`` an :class:`~nsd.bench.hf_peers.HFPeers`
     when hf-* methods are selected.
     """
 
@@ -114,8 +97,7 @@ class BenchRunner:
                 if all((prompt.uid, m.label) in self.journal for m in methods):
                     continue
                 ids = self.engine.encode(prompt.text, chat=prompt.chat)
-                shift = index % len(methods)
-                for spec in methods[shift:] + methods[:shift]:
+                for spec in method_order(methods, index):
                     if (prompt.uid, spec.label) in self.journal:
                         continue
                     record = self._one(prompt, ids, spec)
@@ -128,8 +110,8 @@ class BenchRunner:
 
     def _config(self, prompt: BenchPrompt, spec: MethodSpec) -> GenerationConfig:
         config = spec.generation_config(self.config.generation)
-        if self.config.dataset_stops and prompt.entry_point is not None and not prompt.chat:
-            config = dataclasses.replace(config, stop=tuple(config.stop) + HUMANEVAL_STOPS)
+        if self.config.dataset_stops and stops_for(prompt):
+            config = dataclasses.replace(config, stop=tuple(config.stop) + stops_for(prompt))
         return config
 
     def _generate(self, spec: MethodSpec, ids: list[int], config: GenerationConfig):
@@ -137,7 +119,8 @@ class BenchRunner:
             return self.peers.generate(spec.family, ids, config)
         if spec.is_llama_peer:
             return self.llama_peer.generate(ids, config)
-        use_proposer(self.engine, spec.proposer)
+        if spec.proposer is not None:
+            self.engine.use_proposer(spec.proposer)
         result = self.engine.generate(ids, config)
         return result.token_ids, result.text, result.stats
 
@@ -164,9 +147,9 @@ class BenchRunner:
             "method": spec.label, "family": spec.family, "proposer": spec.proposer,
             "theta": spec.theta, "budget": spec.budget,
             "text": text, "token_ids": list(tokens), "output_ids": output,
-            # Useful tokens per second: a speculative pass can overshoot a stop string by up
-            # to k tokens that nobody sees; counting them would flatter speculation.
-            "tokens_per_s": len(output) / stats.wall_s if stats.wall_s > 0 else 0.0,
+            # Visible tokens per second (nsd.bench.speed): a speculative pass can overshoot a
+            # stop string by up to k tokens that nobody sees.
+            "tokens_per_s": tokens_per_s(len(output), stats.wall_s),
             "stats": stats.to_dict(),
             "load": load.sample.to_dict(),
             "weights": self._weights(spec),
@@ -174,8 +157,8 @@ class BenchRunner:
         }
         if self.config.loglik:
             record["loglik"] = mean_log_likelihood(self.engine.target, ids, output)
-        if prompt.test is not None and prompt.entry_point is not None:
-            self._score_humaneval(prompt, text, record)
+        if is_scored(prompt):  # after the clock stopped
+            record.update(score_humaneval(prompt, text, self.config.exec_timeout_s, self.config.execute))
         return record
 
     def _weights(self, spec: MethodSpec) -> dict:
@@ -187,14 +170,3 @@ class BenchRunner:
         if spec.proposer in ("draft", "hybrid"):
             out["draft"] = getattr(getattr(self.engine, "draft_model", None), "weights", None)
         return out
-
-    def _score_humaneval(self, prompt: BenchPrompt, text: str, record: dict) -> None:
-        if prompt.chat:  # a chat answer holds a whole program in a code block
-            completion, header = extract_code(text), ""
-        else:  # a code completion continues the prompt's function body
-            completion, header = truncate_completion(text), prompt.text
-        record["completion"] = completion
-        if self.config.execute:
-            result = check_completion(header, completion, prompt.test, prompt.entry_point,
-                                      self.config.exec_timeout_s)
-            record.update(passed=result.passed, exec_status=result.status, exec_detail=result.detail)

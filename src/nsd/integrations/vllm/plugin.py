@@ -24,6 +24,7 @@ otherwise breaks every non-greedy speculative request there.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any
@@ -34,6 +35,7 @@ from nsd.errors import NSDError
 from nsd.integrations.vllm.config import NSDVllmConfig, check_vllm_version, config_from_vllm, raw_config
 from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
+from nsd.verify import RuleConfig
 
 # A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
 # its processes, so these lines appear in the server's log beside vLLM's; a logger of our own
@@ -53,6 +55,28 @@ class _Active:
 
 
 ACTIVE = _Active()
+
+
+def active_config() -> NSDVllmConfig | None:
+    """This process's NSD configuration (None until a model runner with NSD on is built)."""
+    return ACTIVE.config
+
+
+def set_rule(rule: RuleConfig) -> NSDVllmConfig:
+    """Verify with ``rule`` from the next engine step on, in this process (the one whose
+    model runner verifies: with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the caller's). The
+    report and logging settings stay as configured. Returns the new configuration.
+
+    For comparing rules on one loaded engine between ``generate`` calls (benchmarks,
+    tests); a server takes its rule from ``--additional-config`` at start-up.
+    """
+    if ACTIVE.config is None:
+        raise NSDError("NSD is not configured in this process: build the engine with an 'nsd' "
+                       "section in additional_config (and one worker in this process)")
+    if not isinstance(rule, RuleConfig):
+        raise NSDError(f"set_rule needs a RuleConfig, got {type(rule).__name__}")
+    ACTIVE.config = dataclasses.replace(ACTIVE.config, rule=rule)
+    return ACTIVE.config
 
 
 def register() -> None:
