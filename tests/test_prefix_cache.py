@@ -94,7 +94,7 @@ def test_prefix_cache_restores_an_earlier_conversation_and_counts() -> None:
 
 def test_prefix_cache_evicts_least_recently_used_within_budget() -> None:
     engine = _engine(CachingLM(vocab_size=52, seed=1))
-    engine.proposer_kind = "ngram"
+    engine.use_proposer("ngram")
     # CachingLM snapshots take 8 bytes per token: room for about two 60-token sequences.
     cache = engine.prefix_cache = PrefixCache(budget_bytes=8 * 140)
     config = GenerationConfig(method="ar", max_new_tokens=4)
