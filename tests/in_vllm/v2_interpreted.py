@@ -128,3 +128,63 @@ def test_nothing_relaxed_equals_v2_stock(mode: str, with_q: bool) -> None:
 def test_fp64_gumbel_equals_v2_stock() -> None:
     case = v2_case(7, "random", True)
     assert run_nsd(RuleConfig(kind="exact"), case, use_fp64=True)[0] == run_stock(case, use_fp64=True)
+
+
+def test_v2_signature_is_the_one_the_plugin_wraps() -> None:
+    import inspect
+    names = list(inspect.signature(STOCK).parameters)[:12]
+    assert names == ["target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos",
+                     "idx_mapping", "expanded_idx_mapping", "expanded_local_pos", "temperature",
+                     "seed", "num_speculative_steps", "synthetic_conditional_rates"]
+
+
+def test_nsd_relaxes_on_v2_inputs() -> None:
+    accepted = {"stock": 0, "nsd": 0}
+    for trial in range(3):
+        case = v2_case(40 + trial, "mixed", trial != 1, peaked=False)
+        stock = run_stock(case)
+        ours, result = run_nsd(RuleConfig(kind="nucleus", theta=0.9), case)
+        for s, o in zip(stock, ours):
+            assert len(o) >= len(s)  # the same uniforms: NSD accepts a superset
+        accepted["stock"] += sum(len(s) for s in stock)
+        accepted["nsd"] += sum(len(o) for o in ours)
+        assert float(result.deviation.sum()) >= 0.0
+    assert accepted["nsd"] > accepted["stock"]
+
+
+def test_plugin_installs_nsd_in_v2_and_keeps_the_ledger() -> None:
+    """register() on a vLLM whose Triton works: V2's verifier becomes nsd's, per chunk."""
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_rs
+
+    from nsd.integrations.vllm import plugin
+    from nsd.integrations.vllm.config import NSDVllmConfig
+    from nsd.integrations.vllm.ledger import FidelityLedger
+
+    plugin.register()
+    assert plugin.ACTIVE.v2_patched and getattr(v2_rs.rejection_sample, "_nsd_patched", False)
+    case = v2_case(9, "mixed", True, peaked=False)
+    num_reqs = case["cu_num_logits"].shape[0] - 1
+    args = [case[k] for k in ("target_logits", "draft_logits", "draft_sampled", "cu_num_logits", "pos",
+                              "idx_mapping", "expanded_idx_mapping", "expanded_local_pos",
+                              "temperature", "seed", "num_speculative_steps")]
+    ids = [f"req-{i}" for i in range(num_reqs)]
+    try:
+        for rule, expect in [(RuleConfig(kind="nucleus", theta=0.0), run_stock(case)),
+                             (RuleConfig(kind="nucleus", theta=0.9),
+                              run_nsd(RuleConfig(kind="nucleus", theta=0.9), case)[0])]:
+            plugin.ACTIVE.config = NSDVllmConfig(rule=rule, log_requests=False)
+            plugin.ACTIVE.ledger = FidelityLedger(log_requests=False)
+            plugin.ACTIVE.req_ids, plugin.ACTIVE.req_offset = ids, 0
+            # As V2's RejectionSampler calls it (rates positional, the rest by keyword).
+            sampled, num_sampled = v2_rs.rejection_sample(*args, None, use_fp64=False,
+                                                          use_block_verification=False)
+            got = [sampled[r, :int(n)].tolist() for r, n in enumerate(num_sampled)]
+            assert got == expect, rule
+            assert plugin.ACTIVE.req_offset == num_reqs
+            plugin.ACTIVE.ledger._fold()
+            drafted = sum(s.drafted for s in plugin.ACTIVE.ledger.requests.values())
+            assert drafted == int(case["cu_num_logits"][-1]) - num_reqs
+            if rule.relaxes:
+                assert sum(s.relaxed for s in plugin.ACTIVE.ledger.requests.values()) > 0
+    finally:
+        plugin.ACTIVE.config = plugin.ACTIVE.ledger = plugin.ACTIVE.req_ids = None
