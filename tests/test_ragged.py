@@ -285,3 +285,82 @@ def test_no_tensor_is_created_on_the_default_device() -> None:
         res = run_nsd(RuleConfig(kind="nucleus", theta=0.9, budget=2.0), case, seed=3, spent=spent, meta=meta)
     assert res.output_token_ids.device.type == "cpu"
     assert torch.equal(res.output_token_ids, expected.output_token_ids)
+
+
+def test_one_hot_q_is_exact_at_theta_zero_for_a_deterministic_drafter() -> None:
+    """draft_sample_method="greedy": vLLM's drafter proposes its argmax, so q is one-hot and
+    the exact rule (θ = 0) reproduces p: accept with p(x), else draw from p without x."""
+    gen = torch.Generator().manual_seed(21)
+    p = torch.softmax(1.5 * torch.randn(8, generator=gen, dtype=torch.float64), -1)
+    x = int(torch.argsort(p, descending=True)[2])
+    n = 200_000
+    case = _single_position_batch(p, None, x, n, gen)
+    p32 = case["target_logits"][0].softmax(-1).double()
+    se = torch.sqrt(p32 * (1 - p32) / n)
+    for rule in NOTHING_RELAXED:
+        res = run_nsd(rule, case, seed=2)
+        freq = torch.bincount(res.output_token_ids[:, 0].long(), minlength=8).double() / n
+        assert torch.all((freq - p32).abs() <= 5 * se + 1e-4), rule
+
+
+def test_one_hot_q_is_exact_for_any_drafter_and_charges_at_least_the_true_e() -> None:
+    """Verifying as one-hot treats the draft as a fixed guess: given x, the exact rule emits
+    x with p(x), else a draw from p without x, which is p whatever drew x. So θ = 0 is exact
+    even for drafts sampled from a spread q; acceptance falls from Σ min(p, q) to Σ q·p, and
+    the charge E = 1[x∈S]·(1 − p(x)) bounds the step's deviation given x, which on average
+    is at least the E computed with the true q (D is conservative, the budget still holds)."""
+    gen = torch.Generator().manual_seed(5)
+    p = torch.tensor([0.5, 0.3, 0.1, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.4, 0.4, 0.1], dtype=torch.float64)
+    n = 200_000
+    case = _single_position_batch(p, q, None, n, gen)
+    p32 = case["target_logits"][0].softmax(-1).double()
+    as_one_hot = {**case, "draft_probs": None}
+    with_q, one_hot = run_nsd(EXACT, case, seed=3), run_nsd(EXACT, as_one_hot, seed=3)
+    se = torch.sqrt(p32 * (1 - p32) / n)
+    for res in (with_q, one_hot):
+        freq = torch.bincount(res.output_token_ids[:, 0].long(), minlength=4).double() / n
+        assert torch.all((freq - p32).abs() <= 5 * se + 1e-4)
+    tol = 5 * math.sqrt(0.25 / n)
+    assert with_q.num_accepted.double().mean().item() == pytest.approx(torch.minimum(p32, q).sum().item(), abs=tol)
+    assert one_hot.num_accepted.double().mean().item() == pytest.approx((q * p32).sum().item(), abs=tol)
+    rule = RuleConfig(kind="nucleus", theta=0.9)
+    e_true = run_nsd(rule, case, seed=3).deviation[:, 0].mean().item()
+    e_one_hot = run_nsd(rule, as_one_hot, seed=3).deviation[:, 0].mean().item()
+    assert e_one_hot > e_true + 0.05
+
+
+@pytest.mark.parametrize("theta", [0.0, 0.5, 0.9])
+def test_one_hot_q_as_none_equals_an_explicit_one_hot_tensor(theta: float) -> None:
+    """q = None is q one-hot on the draft: the same decisions, tokens and E = 1[x∈S]·(1 − p(x))."""
+    case = ragged_case(77, "mixed", with_q=False, padded_draft=False)
+    one_hot = torch.nn.functional.one_hot(case["draft_token_ids"].long(), 32).float()
+    rule = RuleConfig(kind="nucleus", theta=theta)
+    implicit = run_nsd(rule, case, seed=6)
+    explicit = run_nsd(rule, {**case, "draft_probs": one_hot}, seed=6)
+    assert torch.equal(implicit.output_token_ids, explicit.output_token_ids)
+    assert torch.allclose(implicit.deviation, explicit.deviation, atol=1e-6)
+    assert torch.equal(implicit.relaxed, explicit.relaxed)
+
+
+def test_engine_exact_test_is_reproduced_when_nothing_relaxes() -> None:
+    """exact_accept (Model Runner V2's log-form test) decides alone when λ·1[x∈S] = 0."""
+    case = ragged_case(13, "random", with_q=True, padded_draft=False)
+    probs = case["target_logits"].softmax(-1)
+    argmax = case["target_logits"].argmax(-1)
+    t = case["draft_token_ids"].shape[0]
+    gen = torch.Generator().manual_seed(1)
+    uniforms = torch.rand(t, generator=gen, dtype=torch.float64)
+    engine = torch.rand(t, generator=gen) < 0.6  # any decisions: they must come back as given
+    batch = len(case["num_draft_tokens"])
+    args = (probs, argmax, case["draft_token_ids"], case["cu_num_draft_tokens"], case["max_spec_len"],
+            case["draft_probs"], case["bonus_token_ids"], torch.zeros(batch, dtype=torch.bool),
+            uniforms, argmax)
+    index, valid = padded_token_index(case["cu_num_draft_tokens"], case["max_spec_len"], t)
+    given = torch.cat([engine, torch.zeros(1, dtype=torch.bool)])[index] & valid
+    expect = ((~given).cumsum(-1) == 0).sum(-1)
+    for rule in NOTHING_RELAXED:
+        res = verify_ragged(rule, *args, exact_accept=engine)
+        assert torch.equal(res.num_accepted, expect) and not res.relaxed.any()
+    nsd = verify_ragged(RuleConfig(kind="nucleus", theta=0.9), *args, exact_accept=engine)
+    assert torch.all(nsd.num_accepted >= expect) and nsd.relaxed.any()

@@ -95,15 +95,27 @@ def recover_tokens_ragged(
     normalising; with one-hot ``q`` the residual is ``p`` with the draft token removed.
     """
     num_tokens = draft_token_ids.shape[0]
-    if draft_probs is None:
-        # Compare instead of scatter: a padded draft (-1) removes nothing, as in the engine.
-        vocab = torch.arange(target_probs.shape[-1], device=target_probs.device)
-        drawn = vocab.unsqueeze(0) == draft_token_ids.long().unsqueeze(-1)  # [T, V]
-        residual = torch.where(drawn, torch.zeros_like(target_probs), target_probs)
-    else:
-        residual = (target_probs - draft_probs).clamp_min(0.0)
+    residual = residual_ragged(target_probs, draft_probs, draft_token_ids)
     req = token_request_index(cu_num_draft_tokens, num_tokens)
     return (residual * inv_exponentials[req]).argmax(dim=-1)
+
+
+def residual_ragged(
+    target_probs: torch.Tensor,  # [T, V] float32 p at each draft position
+    draft_probs: torch.Tensor | None,  # [T, V] q, or None: q is one-hot on the draft token
+    draft_token_ids: torch.Tensor,  # [T] int
+) -> torch.Tensor:
+    """The unnormalised residual ``(p − q)₊`` a rejection resamples from, ``[T, V]``.
+
+    With one-hot ``q`` it is ``p`` with the draft token removed (a padded draft, -1,
+    removes nothing, as in the engine).
+    """
+    if draft_probs is None:
+        # Compare instead of scatter, so that -1 matches no vocabulary entry.
+        vocab = torch.arange(target_probs.shape[-1], device=target_probs.device)
+        drawn = vocab.unsqueeze(0) == draft_token_ids.long().unsqueeze(-1)  # [T, V]
+        return torch.where(drawn, torch.zeros_like(target_probs), target_probs)
+    return (target_probs - draft_probs).clamp_min(0.0)
 
 
 def verify_ragged(
@@ -119,8 +131,16 @@ def verify_ragged(
     accept_uniforms: torch.Tensor | None,  # [T] float64; None only if every request is greedy
     recovered_token_ids: torch.Tensor | None,  # [T] int; None only if every request is greedy
     spent: torch.Tensor | None = None,  # [B] float64 deviation already spent per request
+    exact_accept: torch.Tensor | None = None,  # [T] bool: the engine's own exact test
 ) -> RaggedVerifyResult:
     """NSD (or the exact rule) on the flat layout; see the module docstring.
+
+    ``exact_accept``: for an engine whose exact test is not ``u <= min(1, p(x)/q(x))`` in
+    this form (vLLM's Model Runner V2 compares ``log p(x) > log u + log q(x)`` in float32),
+    its own per-token decision. A sampled draft is then accepted when the engine accepts it
+    or, where the rule relaxes (``λ·1[x∈S] > 0``), when ``u <= a``; with nothing relaxed
+    the decisions are the engine's exactly, and the acceptance probability is still
+    ``a = m + λ·1[x∈S]·(1 − m)`` (the two tests differ only in the last bit of ``m``).
 
     ``target_probs`` plays both roles: it is ``p`` for sampled requests, and for greedy
     ones (whose logits the engine leaves at temperature 1) the plausibility ``p̂`` the
@@ -170,8 +190,15 @@ def verify_ragged(
         uniforms = torch.ones_like(accept_prob)  # every request greedy: never consulted
     else:
         uniforms = _pad(accept_uniforms, index, 1.0)
-    accepted = torch.where(greedy_tok, accept_prob >= 1.0, uniforms <= accept_prob) & valid
-    relaxed = accepted & torch.where(greedy_tok, exact < 1.0, uniforms > exact)
+    if exact_accept is None:
+        sampled_accept = uniforms <= accept_prob
+        sampled_relaxed = uniforms > exact
+    else:
+        engine_exact = _pad(exact_accept.to(torch.bool) & real, index, False)
+        sampled_accept = engine_exact | ((uniforms <= accept_prob) & (weights * in_set > 0))
+        sampled_relaxed = ~engine_exact
+    accepted = torch.where(greedy_tok, accept_prob >= 1.0, sampled_accept) & valid
+    relaxed = accepted & torch.where(greedy_tok, exact < 1.0, sampled_relaxed)
 
     # --- first rejection, vectorised; emit slots in the engine's format
     leading = (~accepted).cumsum(dim=-1) == 0  # [B, K] accepted prefix

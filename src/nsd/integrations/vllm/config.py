@@ -25,9 +25,11 @@ from nsd.errors import NSDError
 from nsd.verify import RuleConfig
 
 ENV_VAR = "NSD_VLLM_CONFIG"
-# The sampler internals the plugin replaces were read from this release line only.
-SUPPORTED_VLLM = ((0, 32, 0), (0, 33, 0))  # [min, max)
-SUPPORTED_TEXT = ">=0.32.0,<0.33"
+# The sampler internals the plugin replaces were read from these releases (0.32 and 0.33:
+# the V1 rejection sampler, Model Runner V2's verifier, the runner and scheduler hooks).
+SUPPORTED_VLLM = ((0, 32, 0), (0, 34, 0))  # [min, max)
+SUPPORTED_TEXT = ">=0.32.0,<0.34"
+V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER=0"  # what selects the V1 model runner
 _RULE_KEYS = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
 _KEYS = {*_RULE_KEYS, "report", "log_requests"}
 # Earlier spellings -> the option they name (and, for ``rule``, its values -> methods).
@@ -120,3 +122,30 @@ def config_from_vllm(additional_config: Any, vllm_version: str) -> NSDVllmConfig
         return None
     check_vllm_version(vllm_version)
     return build_config(section)
+
+
+def check_engine(vllm_config: Any, runner: str, v2_patched: bool = True) -> None:
+    """Refuse, with one line naming the setting to change, an engine NSD would not verify.
+
+    ``runner`` is ``"v1"`` or ``"v2"`` (vLLM's Model Runner V2); ``v2_patched`` says
+    whether the plugin replaced V2's verifier in this process. Settings that swap vLLM's
+    standard verification for another one (synthetic acceptance, block verification,
+    FLy) would leave NSD configured and not applied, so they are refused too.
+    """
+    spec = getattr(vllm_config, "speculative_config", None)
+    method = getattr(spec, "rejection_sample_method", "standard") if spec is not None else "standard"
+    if method != "standard":
+        raise NSDError(f"NSD replaces vLLM's standard verification, but the speculative config "
+                       f"sets rejection_sample_method={method!r}; set it to 'standard' or remove "
+                       "the 'nsd' configuration")
+    if runner != "v2":
+        return
+    if not v2_patched:
+        raise NSDError("NSD could not be installed in vLLM's Model Runner V2 here; set "
+                       f"{V2_SWITCH} to verify with NSD on the V1 model runner")
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        raise NSDError("NSD does not verify watermarked generation (Model Runner V2 "
+                       "watermarking); remove the watermark configuration or the 'nsd' one")
+    if spec is not None and getattr(spec, "enable_adaptive_verification", False):
+        raise NSDError("NSD does not support vLLM's adaptive draft verification; set "
+                       "enable_adaptive_verification to false in the speculative config")

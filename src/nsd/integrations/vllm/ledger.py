@@ -88,7 +88,7 @@ class FidelityLedger:
     def record(
         self,
         req_ids: list[str],
-        num_draft_tokens: list[int],  # [B]
+        num_draft_tokens: "list[int] | torch.Tensor",  # [B]
         output_token_ids: torch.Tensor,  # [B, K+1] int32, -1 in empty slots
         result: RaggedVerifyResult | None = None,  # None: the stock rule verified this step
         step: int = 0,  # the engine step (see finish's upto)
@@ -106,7 +106,8 @@ class FidelityLedger:
             relaxed = torch.zeros_like(emitted)
         else:
             deviation, relaxed = result.deviation, result.relaxed.sum(dim=-1).double()
-        drafted = torch.tensor(num_draft_tokens, dtype=torch.float64).to(emitted.device, non_blocking=True)
+        # A host list (V1) or a device tensor (Model Runner V2, which keeps counts on device).
+        drafted = torch.as_tensor(num_draft_tokens).to(emitted.device, torch.float64, non_blocking=True)
         self._pending.append((step, list(req_ids), torch.stack([emitted, relaxed, drafted], dim=-1),
                               deviation))
 

@@ -1,8 +1,8 @@
 """The ``vllm.general_plugins`` entry point: NSD in vLLM's verification step.
 
-vLLM calls :func:`register` in every process (front end, engine core, workers). It
-replaces three things, and each replacement hands straight back to vLLM's own code when
-NSD is not configured:
+vLLM calls :func:`register` in every process (front end, engine core, workers). On the V1
+model runner it replaces three things, and each replacement hands straight back to vLLM's
+own code when NSD is not configured:
 
 - ``rejection_sampler.rejection_sample`` (looked up by ``RejectionSampler.forward`` at
   call time): the same signature; with NSD on it runs :func:`nsd_rejection_sample` with the
@@ -15,8 +15,17 @@ NSD is not configured:
   in the worker's process (one device), each request is reported the moment it finishes,
   within the step that produced its last tokens.
 
-The NSD configuration is read and validated when the model runner is built, so a bad
-setting stops the engine at start-up with one clear message. On vLLM's CPU platform it
+On Model Runner V2 (``vllm/v1/worker/gpu/``, vLLM's default on GPUs with Triton) the same
+is done to V2's own verifier: ``spec_decode.rejection_sampler.rejection_sample`` becomes
+:func:`nsd.integrations.vllm.sampler_v2.nsd_rejection_sample_v2` (V2's randomness), its
+``RejectionSampler.__call__`` notes the batch's request ids, and the runner's
+``finish_requests`` numbers the step and forgets finished requests.
+
+The NSD configuration is read and validated when vLLM builds its configuration (every
+process) and again when the model runner is built, so a bad setting, or an engine NSD
+would not verify (a runner the plugin could not patch, a non-standard
+``rejection_sample_method``), stops the engine at start-up with one clear message naming
+the setting to change; NSD is never configured and silently off. On vLLM's CPU platform it
 also fixes ``expand_batch_to_tokens`` (vllm-project/vllm#55005: the C++ fallback of its
 kernel writes into an int64 copy, leaving float temperatures uninitialised), which
 otherwise breaks every non-greedy speculative request there.
@@ -32,7 +41,14 @@ from typing import Any
 import torch
 
 from nsd.errors import NSDError
-from nsd.integrations.vllm.config import NSDVllmConfig, check_vllm_version, config_from_vllm, raw_config
+from nsd.integrations.vllm.config import (
+    NSDVllmConfig,
+    build_config,
+    check_engine,
+    check_vllm_version,
+    config_from_vllm,
+    raw_config,
+)
 from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
 from nsd.verify import RuleConfig
@@ -52,6 +68,8 @@ class _Active:
     on_cpu: bool = False
     step: int = 0  # engine steps the worker has started (numbers the ledger's records)
     finishing_step: int | None = None  # the step whose output the scheduler is applying
+    req_offset: int = 0  # Model Runner V2 verifies in request chunks: the next chunk's start
+    v2_patched: bool = False  # Model Runner V2's verifier replaced in this process
 
 
 ACTIVE = _Active()
@@ -96,7 +114,7 @@ def register() -> None:
         return  # plugins may be loaded more than once per process
     rs.rejection_sample = _wrap_rejection_sample(rs.rejection_sample)
     runner = gmr.GPUModelRunner
-    runner.__init__ = _wrap_init(runner.__init__)
+    runner.__init__ = _wrap_init(runner.__init__, "v1")
     runner._sample = _wrap_sample(runner._sample)
     runner._update_states = _wrap_update_states(runner._update_states)
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -108,6 +126,55 @@ def register() -> None:
     ACTIVE.on_cpu = current_platform.is_cpu()
     if ACTIVE.on_cpu:
         rs.expand_batch_to_tokens = _expand_batch_to_tokens
+    ACTIVE.v2_patched = _patch_model_runner_v2()
+    _guard_engine_config()
+
+
+def _patch_model_runner_v2() -> bool:
+    """Replace Model Runner V2's verifier; False where V2 cannot run here or is not as read."""
+    try:
+        from vllm.triton_utils import HAS_TRITON
+        if not HAS_TRITON:
+            return False  # V2 requires Triton: vLLM itself refuses V2 without it
+        from vllm.v1.worker.gpu import model_runner as v2_runner
+        from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2_rs
+
+        from nsd.integrations.vllm import sampler_v2
+    except Exception as err:  # noqa: BLE001 - any failure means: not patched, refuse V2 + NSD
+        logger.debug("nsd: Model Runner V2 not patched: %s", err)
+        return False
+    if sampler_v2.gumbel_noised_argmax is None or not hasattr(v2_rs, "rejection_sample"):
+        return False
+    v2_rs.rejection_sample = _wrap_rejection_sample_v2(v2_rs.rejection_sample)
+    v2_rs.RejectionSampler.__call__ = _wrap_v2_call(v2_rs.RejectionSampler.__call__)
+    runner = v2_runner.GPUModelRunner
+    runner.__init__ = _wrap_init(runner.__init__, "v2")
+    runner.finish_requests = _wrap_finish_requests(runner.finish_requests)
+    runner.load_model = _wrap_v2_load_model(runner.load_model, v2_rs.RejectionSampler)
+    return True
+
+
+def _guard_engine_config() -> None:
+    """Check the 'nsd' section, and the engine it would run in, when vLLM builds its config.
+
+    This runs in the process that parses the arguments, so a setting NSD cannot honour
+    stops ``vllm serve`` / ``LLM(...)`` before any worker starts.
+    """
+    from vllm.config import VllmConfig
+
+    original = VllmConfig.__post_init__
+
+    @functools.wraps(original)
+    def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        section = raw_config(getattr(self, "additional_config", None))
+        if section is not None:
+            build_config(section)
+            runner = "v2" if getattr(self, "use_v2_model_runner", False) else "v1"
+            check_engine(self, runner, v2_patched=ACTIVE.v2_patched)
+        return out
+
+    VllmConfig.__post_init__ = post_init
 
 
 def _guard_unsupported_version(version: str) -> None:
@@ -125,7 +192,7 @@ def _guard_unsupported_version(version: str) -> None:
     VllmConfig.__post_init__ = post_init
 
 
-def _wrap_init(original: Any) -> Any:
+def _wrap_init(original: Any, runner_kind: str) -> Any:
     @functools.wraps(original)
     def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         original(self, vllm_config, *args, **kwargs)
@@ -135,13 +202,20 @@ def _wrap_init(original: Any) -> Any:
         ACTIVE.config = config
         if config is None:
             return
-        if vllm_config.speculative_config is None:
+        check_engine(vllm_config, runner_kind, v2_patched=ACTIVE.v2_patched)
+        spec = vllm_config.speculative_config
+        if spec is None:
             logger.warning("nsd: NSD configured but speculative decoding is off; nothing to relax")
+        elif getattr(spec, "draft_sample_method", "probabilistic") != "probabilistic":
+            logger.info("nsd: draft_sample_method=%r: drafts are verified as one-hot "
+                        "proposals (exact for a drafter that picks its argmax)",
+                        spec.draft_sample_method)
         first_rank = _tensor_parallel_rank() == 0  # the ranks verify alike; one reports
         ACTIVE.ledger = FidelityLedger(metrics=_metrics() if first_rank else None,
                                        report=config.report if first_rank else None,
                                        log_requests=config.log_requests and first_rank)
-        logger.info("nsd: NSD verification on: %s", config.rule)
+        logger.info("nsd: NSD verification on (%s model runner): %s",
+                    "V2" if runner_kind == "v2" else "V1", config.rule)
     return init
 
 
@@ -208,17 +282,20 @@ def _wrap_rejection_sample(stock: Any) -> Any:
         synthetic_mode: bool = False,
         synthetic_conditional_rates: torch.Tensor | None = None,
         use_fp64_gumbel: bool = False,
+        **later: Any,  # vLLM 0.33: fly_window_size, fly_entropy_threshold, fly_entropy_top_k
     ) -> torch.Tensor:
         config, req_ids = ACTIVE.config, ACTIVE.req_ids
         # NSD configured with a rule that relaxes nothing (θ = 0, B = 0) is the stock rule.
+        # (Synthetic and FLy verification are refused at start-up when NSD is configured.)
         usable = (config is not None and config.rule.relaxes and not synthetic_mode
+                  and later.get("fly_window_size") is None
                   and req_ids is not None and len(req_ids) == len(num_draft_tokens))
         if not usable:
             out = stock(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                         draft_probs, target_logits, bonus_token_ids, sampling_metadata,
                         synthetic_mode=synthetic_mode,
                         synthetic_conditional_rates=synthetic_conditional_rates,
-                        use_fp64_gumbel=use_fp64_gumbel)
+                        use_fp64_gumbel=use_fp64_gumbel, **later)
             if ACTIVE.ledger is not None and req_ids is not None and len(req_ids) == len(num_draft_tokens):
                 ACTIVE.ledger.record(req_ids, num_draft_tokens, out, step=ACTIVE.step)  # D = 0
             return out
@@ -231,6 +308,101 @@ def _wrap_rejection_sample(stock: Any) -> Any:
         ACTIVE.ledger.record(req_ids, num_draft_tokens, result.output_token_ids, result,
                              step=ACTIVE.step)
         return result.output_token_ids
+    rejection_sample._nsd_patched = True  # type: ignore[attr-defined]
+    return rejection_sample
+
+
+def _wrap_v2_call(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(self: Any, logits: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if ACTIVE.config is not None:
+            ACTIVE.req_ids = list(input_batch.req_ids[:input_batch.num_reqs])
+            ACTIVE.req_offset = 0
+        try:
+            return original(self, logits, input_batch, *args, **kwargs)
+        finally:
+            ACTIVE.req_ids = None
+    return call
+
+
+def _wrap_finish_requests(original: Any) -> Any:
+    """V2's per-step hook with the finished requests (V1's is ``_update_states``)."""
+    @functools.wraps(original)
+    def finish_requests(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        ACTIVE.step += 1
+        try:
+            scheduler_output._nsd_step = ACTIVE.step
+        except AttributeError:
+            pass
+        if ACTIVE.ledger is not None:
+            ACTIVE.ledger.finish(scheduler_output.finished_req_ids)
+        return original(self, scheduler_output, *args, **kwargs)
+    return finish_requests
+
+
+def _wrap_v2_load_model(original: Any, stock_sampler: type) -> Any:
+    """After V2 builds its samplers: refuse a rejection sampler NSD has not replaced."""
+    @functools.wraps(original)
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        sampler = getattr(self, "rejection_sampler", None)
+        if ACTIVE.config is not None and sampler is not None and type(sampler) is not stock_sampler:
+            raise NSDError(f"this model brings its own speculative sampler "
+                           f"({type(sampler).__name__}), which NSD does not replace; set "
+                           "VLLM_USE_V2_MODEL_RUNNER=0 or remove the 'nsd' configuration")
+        return out
+    return load_model
+
+
+def _wrap_rejection_sample_v2(stock: Any) -> Any:
+    from nsd.integrations.vllm.sampler_v2 import nsd_rejection_sample_v2, stock_kwargs_ok, v2_num_draft_tokens
+
+    @functools.wraps(stock)
+    def rejection_sample(
+        target_logits: torch.Tensor,  # [num_logits, V]
+        draft_logits: torch.Tensor | None,  # [max_num_reqs, K, V]
+        draft_sampled: torch.Tensor,  # [num_logits]
+        cu_num_logits: torch.Tensor,  # [num_reqs + 1]
+        pos: torch.Tensor,  # [num_logits]
+        idx_mapping: torch.Tensor,  # [num_reqs]
+        expanded_idx_mapping: torch.Tensor,  # [num_logits]
+        expanded_local_pos: torch.Tensor,  # [num_logits]
+        temperature: torch.Tensor,  # [max_num_reqs]
+        seed: torch.Tensor,  # [max_num_reqs]
+        num_speculative_steps: int,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        *args: Any,
+        **kwargs: Any,  # use_fp64, use_block_verification, watermarking, FLy (0.33)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        config, all_ids = ACTIVE.config, ACTIVE.req_ids
+        num_reqs = cu_num_logits.shape[0] - 1
+        req_ids = None
+        if all_ids is not None:  # V2 verifies in consecutive request chunks
+            req_ids = all_ids[ACTIVE.req_offset:ACTIVE.req_offset + num_reqs]
+            ACTIVE.req_offset += num_reqs
+        usable = (config is not None and config.rule.relaxes and not args
+                  and synthetic_conditional_rates is None and stock_kwargs_ok(kwargs)
+                  and req_ids is not None and len(req_ids) == num_reqs)
+        if not usable:
+            sampled, num_sampled = stock(target_logits, draft_logits, draft_sampled, cu_num_logits, pos,
+                                         idx_mapping, expanded_idx_mapping, expanded_local_pos,
+                                         temperature, seed, num_speculative_steps,
+                                         synthetic_conditional_rates, *args, **kwargs)
+            if ACTIVE.ledger is not None and req_ids is not None and len(req_ids) == num_reqs:
+                slots = torch.arange(sampled.shape[-1], device=sampled.device)
+                emitted = torch.where(slots < num_sampled.unsqueeze(-1).long(), sampled,
+                                      torch.full_like(sampled, -1))
+                ACTIVE.ledger.record(req_ids, v2_num_draft_tokens(cu_num_logits), emitted,
+                                     step=ACTIVE.step)  # D = 0
+            return sampled, num_sampled
+        assert ACTIVE.ledger is not None
+        spent = ACTIVE.ledger.spent(req_ids, target_logits.device)
+        sampled, num_sampled, result = nsd_rejection_sample_v2(
+            config.rule, target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+            temperature, seed, num_speculative_steps, spent, use_fp64=bool(kwargs.get("use_fp64", False)))
+        ACTIVE.ledger.record(req_ids, v2_num_draft_tokens(cu_num_logits), result.output_token_ids,
+                             result, step=ACTIVE.step)
+        return sampled, num_sampled
     rejection_sample._nsd_patched = True  # type: ignore[attr-defined]
     return rejection_sample
 

@@ -4,8 +4,8 @@ No vLLM import here: this module only needs the few attributes of vLLM's
 ``SamplingMetadata`` it reads (``all_greedy``, ``all_random``, ``temperature``,
 ``generators``), so it is tested without vLLM installed. The acceptance math is
 :mod:`nsd.ragged` / :mod:`nsd.verify`; what lives here is the order in which random
-numbers are drawn, copied from the behaviour of vLLM 0.32's stock sampler so that a rule
-that relaxes nothing gives the stock output bit for bit:
+numbers are drawn, copied from the behaviour of vLLM 0.32's stock V1 sampler (unchanged in
+0.33) so that a rule that relaxes nothing gives the stock output bit for bit:
 
 1. if any request samples: one float64 uniform per draft token from the global generator,
    then overwritten per seeded request from its own ``torch.Generator`` (requests without
