@@ -18,7 +18,7 @@ from nsd.backends.base import ModelBackend
 from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, DecodeStats, decode
-from nsd.draft_vocab import VocabMap, ensure_reduced_draft
+from nsd.draft_vocab import VocabMap, ensure_reduced_draft, open_reduced_draft
 from nsd.errors import NSDError
 from nsd.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
 from nsd.models import resolve_model
@@ -196,11 +196,13 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
         tokenizer_dir = str(ensure_tokenizer_folder(model))
 
         def open_format(fmt: str) -> LoadedModel:
-            path, vocab_map = gguf_for(resolved.gguf_path, fmt, options.threads), None
+            path = gguf_for(resolved.gguf_path, fmt, options.threads)
             if reduced_vocab is not None:
-                path, vocab_map = ensure_reduced_draft(path, reduced_vocab)
+                reduced = ensure_reduced_draft(path, reduced_vocab)
+                return LoadedModel(open_reduced_draft(reduced, n_threads=options.threads, n_ctx=options.n_ctx),
+                                   str(reduced.model), tokenizer_dir, fmt, reduced.vocab_map)
             return LoadedModel(LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx),
-                               str(path), tokenizer_dir, fmt, vocab_map)
+                               str(path), tokenizer_dir, fmt)
 
         if weights != "auto":
             return open_format(weights)

@@ -50,7 +50,9 @@ class DraftModelProposer:
         # At least the last context token is (re)fed, because we need its logits.
         keep = min(common_prefix_length(self._fed, context), len(context) - 1)
         self.backend.rewind(keep)
-        logits = self.backend.forward(self._draft_ids(context[keep:]), all_logits=False)[-1]  # [Vd]
+        # A reduced-vocabulary draft takes full-vocabulary ids too (it is fed their input
+        # embeddings), so the context and the drafted tokens go in as they are.
+        logits = self.backend.forward(list(context[keep:]), all_logits=False)[-1]  # [Vd]
         vmap = self.vocab_map
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -65,11 +67,9 @@ class DraftModelProposer:
                 rows.append(probs if vmap is None else vmap.expand(probs))  # q on the full vocabulary
             tokens.append(draft_id if vmap is None else int(vmap.draft_to_target[draft_id]))
             if i < k - 1:
-                logits = self.backend.forward([draft_id])[-1]
+                logits = self.backend.forward([tokens[-1]])[-1]
         self._fed = list(context) + tokens[:-1]
         # Token ids stay on the CPU (the loop needs them as ints); q stays on the draft's device.
         return Proposal(torch.tensor(tokens, dtype=torch.long, device="cpu"),
                         None if greedy else torch.stack(rows))
 
-    def _draft_ids(self, tokens: Sequence[int]) -> list[int]:
-        return list(tokens) if self.vocab_map is None else self.vocab_map.to_draft(list(tokens))
