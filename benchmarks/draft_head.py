@@ -143,6 +143,8 @@ def main() -> None:
     ap.add_argument("--draft-weights", default="q4_0", help="draft body format (reduced from this file)")
     ap.add_argument("--variants", default="full,16384,32768,65536,32768:q4_0",
                     help="full, N (head rows as in the source file) or N:q4_0 / N:q8_0")
+    ap.add_argument("--accept-variants", default=None,
+                    help="the drafts run end to end (default: every variant)")
     ap.add_argument("--step-repeats", type=int, default=60)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -183,11 +185,12 @@ def main() -> None:
     if "accept" not in skip:
         temps = [float(t) for t in args.temperatures.split(",")]
         ks = [k if k == "auto" else int(k) for k in args.ks.split(",")]
+        accept_variants = args.accept_variants.split(",") if args.accept_variants else list(drafts)
         for i, p in enumerate(prompts):
             ids = engine.encode(p, chat=True)
             for t in temps:
                 configs = [("ar", None, 1)] + [(m, v, k) for m in args.methods.split(",")
-                                              for k in ks for v in drafts]
+                                              for k in ks for v in accept_variants]
                 for method, variant, k in configs:
                     if variant is not None:
                         use_draft(engine, drafts[variant])
@@ -212,6 +215,7 @@ def main() -> None:
         fd, tmp = tempfile.mkstemp(dir=out.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(report, f, indent=1)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, out)
 
 
