@@ -267,18 +267,24 @@ def test_conversion_error_names_the_file(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_reduced_draft_is_marked_and_rebuilt_when_damaged(tmp_path: Path, capsys) -> None:
+    import numpy as np
+
     from nsd.models.draft_vocab import ensure_reduced_draft
 
     src = write_tiny_gguf(tmp_path / "draft.gguf")
-    dst, vmap = ensure_reduced_draft(src, 4)
-    assert markers.check_marker(dst) is None and len(vmap.draft_to_target) == 6  # 4 + 2 special
-    good = dst.read_bytes()
-    dst.write_bytes(good[: len(good) // 2])  # a half-written copy
-    assert ensure_reduced_draft(src, 4)[0] == dst and dst.read_bytes() == good
-    assert "draft.vocab4.gguf is damaged" in capsys.readouterr().err
+    counts = np.arange(16)  # the ranking; given, so no tokenizer is needed
+    reduced = ensure_reduced_draft(src, 4, counts=counts)
+    folder = reduced.model.parent
+    assert markers.check_marker(folder) is None and markers.check_marker(reduced.inputs) is None
+    assert len(reduced.vocab_map.draft_to_target) == 6  # 4 + 2 special
+    good = reduced.model.read_bytes()
+    reduced.model.write_bytes(good[: len(good) // 2])  # a half-written copy
+    assert ensure_reduced_draft(src, 4, counts=counts).model == reduced.model
+    assert reduced.model.read_bytes() == good
+    assert f"{folder.name} is damaged" in capsys.readouterr().err
     assert _leftover_temps(tmp_path) == []
     with pytest.raises(NSDError, match="truncated"):
-        ensure_reduced_draft(_truncate(src), 4)
+        ensure_reduced_draft(_truncate(src), 4, counts=counts)
 
 
 def _truncate(path: Path) -> Path:

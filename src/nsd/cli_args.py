@@ -69,8 +69,9 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
                         "hybrid: both, the cheaper per block (default: draft if --draft is "
                         "given, else ngram)")
     p.add_argument("--draft-vocab", type=_number(int, False), default=None, metavar="N",
-                   help="draft over a reduced vocabulary: the N most frequent tokens plus the "
-                        "special ones (llama.cpp drafts; cheaper draft steps, SD stays exact)")
+                   help="draft over a reduced output vocabulary: the N tokens most frequent in a "
+                        "local corpus plus the special ones (llama.cpp drafts; the draft still "
+                        "sees every context token; cheaper draft steps, SD stays exact)")
     add_options(p, optspec.BACKEND)
     # --compile alone means torch.compile.
     for action in p._actions:

@@ -137,6 +137,8 @@ class LlamaCppBackend:
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
+        self._embd_batch: Any = None
+        self._embd_cap = 0
         lib.llama_backend_init()
 
         mparams = lib.llama_model_default_params()
@@ -184,7 +186,7 @@ class LlamaCppBackend:
         self._n_threads = threads
         self.flash_attn = flash_attn
         self._num_cached = 0
-        self._tokens: list[int] = []  # the ids whose KV the cache holds
+        self._tokens: list[int] = []  # the ids whose KV the cache holds (-1: an embedding)
         self._eog_ids: tuple[int, ...] | None = None
         self._batch_cap = 0
         self._ensure_batch(64)
@@ -257,23 +259,56 @@ class LlamaCppBackend:
             if not all_logits:
                 raise ValueError("forward(all_logits=False) needs at least one token")
             return torch.empty((0, self._n_vocab), dtype=torch.float32)
+        self._check_room(n)
+        if int(ids.min()) < 0 or int(ids.max()) >= self._n_vocab:
+            bad = int(ids[(ids < 0) | (ids >= self._n_vocab)][0])
+            raise ValueError(f"token id {bad} outside the vocabulary [0, {self._n_vocab})")
+
+        self._ensure_batch(n)
+        self._tok_view[:n] = ids
+        return self._decode(self._batch, self._pos_view, self._out_view, n, all_logits, ids)
+
+    @property
+    def n_embd(self) -> int:
+        """Width of the model's input embeddings (what :meth:`forward_embeddings` takes)."""
+        return int(self._lib.llama_model_n_embd(self._model))
+
+    def forward_embeddings(self, embd: np.ndarray, all_logits: bool = True) -> torch.Tensor:
+        """Like :meth:`forward`, but the new positions are given as input embeddings
+        ``[n, n_embd]`` (float32) instead of token ids: llama.cpp's ``batch.embd`` input,
+        which enters the graph where the token-embedding lookup would have been. For an
+        architecture that applies no scale to its input embeddings (Qwen2, Llama), the
+        rows of ``token_embd`` give the same logits as the token ids."""
+        if self._ctx is None:
+            raise RuntimeError("forward on a closed LlamaCppBackend")
+        embd = np.ascontiguousarray(embd, dtype=np.float32)
+        width = self.n_embd
+        if embd.ndim != 2 or embd.shape[1] != width:
+            raise ValueError(f"input embeddings must have shape [n, {width}], got {list(embd.shape)}")
+        n = int(embd.shape[0])
+        if n == 0:
+            raise ValueError("forward_embeddings needs at least one position")
+        self._check_room(n)
+        self._ensure_embd_batch(n)
+        self._embd_view[:n] = embd
+        return self._decode(self._embd_batch, self._embd_pos_view, self._embd_out_view, n, all_logits, None)
+
+    def _check_room(self, n: int) -> None:
         if self._num_cached + n > self._n_ctx:
             raise NSDError(
                 f"context full: {self._num_cached} cached + {n} new tokens exceeds the "
                 f"model context of {self._n_ctx} tokens (use a shorter prompt or fewer "
                 f"new tokens, or a larger n_ctx)"
             )
-        if int(ids.min()) < 0 or int(ids.max()) >= self._n_vocab:
-            bad = int(ids[(ids < 0) | (ids >= self._n_vocab)][0])
-            raise ValueError(f"token id {bad} outside the vocabulary [0, {self._n_vocab})")
 
-        self._ensure_batch(n)
-        batch = self._batch
+    def _decode(self, batch: Any, pos_view: np.ndarray, out_view: np.ndarray, n: int,
+                all_logits: bool, ids: np.ndarray | None) -> torch.Tensor:
+        """One ``llama_decode`` of the ``n`` positions already written into ``batch``
+        (``ids``: their token ids, or None for input embeddings)."""
         batch.n_tokens = n
-        self._tok_view[:n] = ids
-        self._pos_view[:n] = np.arange(self._num_cached, self._num_cached + n, dtype=np.int32)
-        self._out_view[:n] = 1 if all_logits else 0
-        self._out_view[n - 1] = 1
+        pos_view[:n] = np.arange(self._num_cached, self._num_cached + n, dtype=np.int32)
+        out_view[:n] = 1 if all_logits else 0
+        out_view[n - 1] = 1
 
         ret = self._lib.llama_decode(self._ctx, batch)
         if ret != 0:
@@ -281,7 +316,9 @@ class LlamaCppBackend:
             self._lib.llama_memory_seq_rm(self._memory, _SEQ, self._num_cached, -1)
             raise RuntimeError(f"llama_decode failed with status {ret} on {n} tokens")
         self._num_cached += n
-        self._tokens.extend(int(t) for t in ids)
+        # Positions fed as embeddings hold no token id: -1 matches no prompt, so a reused
+        # cache never claims them.
+        self._tokens.extend([-1] * n if ids is None else ids.tolist())
 
         rows = n if all_logits else 1
         # Outputs are stored contiguously in batch order: [n_outputs, n_vocab].
@@ -346,6 +383,9 @@ class LlamaCppBackend:
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "_embd_batch", None) is not None:
+            lib.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
         if getattr(self, "_ctx", None):
             lib.llama_free(self._ctx)
             self._ctx = None
@@ -384,6 +424,26 @@ class LlamaCppBackend:
         self._pos_view = np.ctypeslib.as_array(batch.pos, shape=(cap,))
         self._out_view = np.ctypeslib.as_array(batch.logits, shape=(cap,))
         # Every token belongs to sequence 0 only; these never change.
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(cap,))[:] = 1
+        for i in range(cap):
+            batch.seq_id[i][0] = _SEQ
+
+    def _ensure_embd_batch(self, n: int) -> None:
+        """Like :meth:`_ensure_batch`, for a batch of input embeddings (allocated on first use)."""
+        if n <= self._embd_cap:
+            return
+        lib = self._lib
+        cap = max(n, 2 * self._embd_cap, 8)
+        if self._embd_batch is not None:
+            lib.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
+        width = self.n_embd
+        batch = lib.llama_batch_init(cap, width, 1)
+        self._embd_batch = batch
+        self._embd_cap = cap
+        self._embd_view = np.ctypeslib.as_array(batch.embd, shape=(cap, width))
+        self._embd_pos_view = np.ctypeslib.as_array(batch.pos, shape=(cap,))
+        self._embd_out_view = np.ctypeslib.as_array(batch.logits, shape=(cap,))
         np.ctypeslib.as_array(batch.n_seq_id, shape=(cap,))[:] = 1
         for i in range(cap):
             batch.seq_id[i][0] = _SEQ

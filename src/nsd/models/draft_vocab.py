@@ -1,21 +1,29 @@
 """Reduced-vocabulary drafts: a cheaper draft model for a large-vocabulary target.
 
 Qwen2.5's 0.5B draft spends about 40% of the bytes it reads per token on its output head
-(151,936 rows of 896 in Q8_0, 145 MB of a 469 MB file). Most of those rows are rare
-tokens. We rewrite the draft GGUF once so its vocabulary is only the first ``keep`` regular
-tokens plus every special token: Qwen's byte-level BPE numbers tokens in merge order, so
-low ids are the frequent ones. The target is untouched.
+(151,936 rows of 896 in Q8_0, 145 MB). Most of those rows are rare tokens. We rewrite the
+draft GGUF once so its vocabulary — and so its output head — holds only the ``keep``
+regular tokens most frequent in a fixed corpus (:mod:`nsd.token_rank`), plus every special
+token. The target is untouched.
 
-What this does to ``q``: the draft now samples from a distribution supported on the kept
+The draft's *input* is not reduced: the reduced model is fed input embeddings, looked up by
+full-vocabulary id in the original draft's ``token_embd`` (kept beside it), through
+llama.cpp's embedding input (:mod:`nsd.backends.embedding_input`). So every context token
+is seen exactly as the full draft would see it; only the drafted tokens are limited to the
+kept set. With the head kept in the source's own format (Q8_0 in Qwen's files) the reduced
+draft's logits on the kept tokens are the full draft's, row for row.
+
+What this does to ``q``: the draft samples from a distribution supported on the kept
 tokens only; nsd expands it back to the full vocabulary with zeros elsewhere and verifies
 against the target's full ``p``. The exact rule stays exact — it only needs the ``q`` the
-draft really drew from — and E (the NSD deviation) is still computed from that ``q``.
-Context tokens outside the kept set are shown to the draft as one placeholder token,
-which may lower its acceptance on text with many rare tokens; never the correctness.
+draft really drew from, and a drafted token always has ``q > 0`` — and E (the NSD
+deviation) is computed from that same ``q``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,62 +35,81 @@ from nsd.errors import NSDError
 from nsd.backends.files import check_gguf
 from nsd.models.markers import ensure_artefact
 
-# Rows whose vocabulary dimension is sliced; every other tensor is copied as is.
-_VOCAB_TENSORS = ("token_embd.weight", "output.weight")
-_PLACEHOLDER = " "  # what the draft sees in place of a dropped context token
+_NORMAL = 1  # GGUF token_type of a regular token; every other type is kept
+HEAD_TYPES = ("source", "q8_0", "q4_0")
+DEFAULT_HEAD = "source"  # the source's head rows as they are (see BENCHMARKS.md)
 
 
 @dataclass(frozen=True)
 class VocabMap:
-    """Maps between target token ids and the reduced draft's ids."""
+    """The reduced draft's ids → target (full-vocabulary) ids."""
 
-    draft_to_target: torch.Tensor  # [Vd] int64
-    target_to_draft: torch.Tensor  # [V] int64 (placeholder id for dropped tokens)
+    draft_to_target: torch.Tensor  # [Vd] int64, ascending
     target_vocab_size: int
-
-    def to_draft(self, tokens: list[int]) -> list[int]:
-        return self.target_to_draft[tokens].tolist()
 
     def expand(self, probs: torch.Tensor) -> torch.Tensor:
         """Draft probabilities ``[Vd]`` → ``[V]`` with zeros on dropped tokens."""
-        full = torch.zeros(self.target_vocab_size, dtype=probs.dtype)
-        full[self.draft_to_target] = probs
+        full = torch.zeros(self.target_vocab_size, dtype=probs.dtype, device=probs.device)
+        full[self.draft_to_target.to(probs.device)] = probs
         return full
 
 
-def kept_ids(tokens: list[str], token_types: list[int], keep: int) -> np.ndarray:
-    """The first ``keep`` regular tokens plus every non-normal (special/control) token."""
+@dataclass(frozen=True)
+class ReducedDraft:
+    """A built reduced draft: the rewritten GGUF, the full input table, the id map."""
+
+    model: Path
+    inputs: Path
+    vocab_map: VocabMap
+
+
+def kept_ids(token_types, keep: int, counts: np.ndarray | None = None) -> np.ndarray:
+    """Ascending ids of the ``keep`` regular tokens ranked first by ``counts`` (most
+    frequent first, ties by ascending id; ``None``: the first ``keep`` ids) plus every
+    non-regular (special/control) token."""
+    from nsd.models.token_rank import rank
+
     types = np.asarray(token_types)
-    ids = np.arange(len(tokens))
-    special = ids[types != 1]  # 1 = NORMAL in GGUF's token_type
-    regular = ids[types == 1][:keep]
-    return np.union1d(regular, special)
+    if not 1 <= keep <= len(types):
+        raise NSDError(f"draft vocabulary size must be in [1, {len(types)}], got {keep}")
+    order = rank(np.zeros(len(types), np.int64) if counts is None else counts)
+    regular = order[types[order] == _NORMAL][:keep]
+    return np.union1d(regular, np.flatnonzero(types != _NORMAL))
 
 
-def build_vocab_map(kept: np.ndarray, target_vocab_size: int, placeholder: int) -> VocabMap:
-    d2t = torch.from_numpy(kept.astype(np.int64))
-    t2d = torch.full((target_vocab_size,), int(np.searchsorted(kept, placeholder)), dtype=torch.long)
-    t2d[d2t] = torch.arange(len(kept))
-    return VocabMap(draft_to_target=d2t, target_to_draft=t2d, target_vocab_size=target_vocab_size)
+def build_vocab_map(kept: np.ndarray, target_vocab_size: int) -> VocabMap:
+    return VocabMap(draft_to_target=torch.from_numpy(np.sort(kept).astype(np.int64)),
+                    target_vocab_size=target_vocab_size)
 
 
-def reduce_gguf(src: Path, dst: Path, keep: int) -> VocabMap:
-    """Write ``dst``: ``src`` with its vocabulary cut to ``kept_ids(..., keep)``.
+def reduce_gguf(src: Path, dst: Path, kept: np.ndarray, head: str = DEFAULT_HEAD) -> VocabMap:
+    """Write ``dst``: ``src`` with its vocabulary (tokenizer lists, ``token_embd`` and the
+    output head) cut to the ascending ids ``kept``. ``head``: the output head's format
+    (``source`` keeps the source's rows as they are; a model with a tied head gets an
+    explicit one, from ``token_embd``'s rows). Returns the id map."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-    Written under a temporary name and renamed into place. Returns the id map.
-    """
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
+    if head not in HEAD_TYPES:
+        raise NSDError(f"unknown draft head format {head!r}; choose one of {', '.join(HEAD_TYPES)}")
     check_gguf(src)  # gguf-py's reader fails with a bare struct.error on a damaged file
     reader = GGUFReader(src)
     fields = reader.fields
-    tokens, kept, placeholder, vmap = _plan(fields, keep)
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    kept = np.sort(np.asarray(kept, dtype=np.int64))
     new_id = {int(old): new for new, old in enumerate(kept)}
     kept_strings = {tokens[i] for i in kept}
 
+    tensors = {t.name: t for t in reader.tensors}
+    head_source = tensors.get("output.weight", tensors["token_embd.weight"])
+    head_rows, head_type = head_source.data[kept], head_source.tensor_type
+    if head != "source" and head_type.name.lower() != head:
+        from gguf.quants import dequantize, quantize
+
+        head_type = GGMLQuantizationType[head.upper()]
+        head_rows = quantize(dequantize(head_rows, head_source.tensor_type).astype(np.float32), head_type)
+
     arch = fields["general.architecture"].contents()
-    tmp = dst.with_name(f"{dst.name}.partial-{os.getpid()}")
-    writer = GGUFWriter(str(tmp), arch)
+    writer = GGUFWriter(str(dst), arch)
     try:
         for key, field in fields.items():
             if key.startswith("GGUF.") or key == "general.architecture":
@@ -95,24 +122,44 @@ def reduce_gguf(src: Path, dst: Path, keep: int) -> VocabMap:
             elif key == "tokenizer.ggml.merges":
                 value = [m for m in value if _merge_kept(m, kept_strings)]
             elif key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
-                value = new_id.get(int(value), new_id[placeholder])
+                if int(value) not in new_id:
+                    continue  # a dropped token: the reduced draft has no such token
+                value = new_id[int(value)]
             sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
             writer.add_key_value(key, value, field.types[0], sub_type)
         for tensor in reader.tensors:
+            if tensor.name == "output.weight":
+                continue  # written below, with the head rows
             data = tensor.data
-            if tensor.name in _VOCAB_TENSORS:
+            if tensor.name == "token_embd.weight":
+                # Never read (the draft is fed embeddings), but llama.cpp wants one row per token.
                 data = np.ascontiguousarray(data[kept])
             writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+            if tensor.name == "token_embd.weight":
+                writer.add_tensor("output.weight", np.ascontiguousarray(head_rows), raw_dtype=head_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
+    finally:
         writer.close()
-        os.replace(tmp, dst)
-    except BaseException:
+    return build_vocab_map(kept, len(tokens))
+
+
+def write_input_table(src: Path, dst: Path) -> None:
+    """Write ``dst``: a GGUF holding only ``src``'s full ``token_embd`` (as quantized)."""
+    from gguf import GGUFReader, GGUFWriter
+
+    check_gguf(src)
+    reader = GGUFReader(src)
+    tensor = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    try:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
         writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return vmap
 
 
 def _merge_kept(merge: str, kept: set[str]) -> bool:
@@ -120,27 +167,57 @@ def _merge_kept(merge: str, kept: set[str]) -> bool:
     return left in kept and right in kept and (left + right) in kept
 
 
-def _plan(fields, keep: int) -> tuple[list[str], np.ndarray, int, VocabMap]:
-    """Which ids a ``keep``-token draft vocabulary holds, and the placeholder id."""
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    types = fields["tokenizer.ggml.token_type"].contents()
-    if keep < 1 or keep >= len(tokens):
-        raise NSDError(f"draft vocabulary size must be in [1, {len(tokens) - 1}], got {keep}")
-    kept = kept_ids(tokens, types, keep)
-    placeholder = tokens.index(_PLACEHOLDER) if _PLACEHOLDER in tokens else int(kept[0])
-    if placeholder not in set(kept.tolist()):
-        placeholder = int(kept[0])
-    return tokens, kept, placeholder, build_vocab_map(kept, len(tokens), placeholder)
+def reduced_dir(gguf_path: Path, keep: int, head: str, counts: np.ndarray) -> Path:
+    """Named by the counts that ranked it too: new counts give a new draft, never a stale one."""
+    digest = hashlib.sha256(np.ascontiguousarray(counts, dtype=np.int64).tobytes()).hexdigest()[:10]
+    return gguf_path.with_name(f"{gguf_path.stem}.draft{keep}-{head}-{digest}")
 
 
-def ensure_reduced_draft(gguf_path: Path, keep: int) -> tuple[Path, VocabMap]:
-    """The reduced GGUF next to ``gguf_path`` (built once, rebuilt when its completion
-    marker shows it damaged) and its id map."""
-    from gguf import GGUFReader
+def input_table_path(gguf_path: Path) -> Path:
+    return gguf_path.with_name(f"{gguf_path.stem}.token-embd.gguf")
+
+
+def ensure_reduced_draft(gguf_path: Path, keep: int, head: str = DEFAULT_HEAD,
+                         counts: np.ndarray | None = None) -> ReducedDraft:
+    """The reduced draft of ``gguf_path`` (built once, cached beside it, rebuilt when its
+    completion marker shows it damaged). ``counts``: the token frequencies that rank the
+    vocabulary (default: :func:`nsd.token_rank.ensure_token_counts`)."""
+    from nsd.models.token_rank import ensure_token_counts
 
     check_gguf(gguf_path)
-    vmap = _plan(GGUFReader(gguf_path).fields, keep)[3]  # also validates ``keep`` up front
-    dst = gguf_path.with_name(f"{gguf_path.stem}.vocab{keep}.gguf")
-    ensure_artefact(dst, lambda tmp: reduce_gguf(gguf_path, tmp, keep),
-                    f"the {keep}-token draft of {gguf_path.name}", adopt=check_gguf)
-    return dst, vmap
+    if head not in HEAD_TYPES:
+        raise NSDError(f"unknown draft head format {head!r}; choose one of {', '.join(HEAD_TYPES)}")
+    if counts is None:
+        counts = ensure_token_counts(gguf_path)
+    if not 1 <= keep < len(counts):
+        raise NSDError(f"draft vocabulary size must be in [1, {len(counts) - 1}], got {keep}")
+    folder = reduced_dir(gguf_path, keep, head, counts)
+
+    def build(tmp: Path) -> None:
+        from gguf import GGUFReader
+
+        types = GGUFReader(gguf_path).fields["tokenizer.ggml.token_type"].contents()
+        kept = kept_ids(types, keep, counts)
+        tmp.mkdir(parents=True)
+        reduce_gguf(gguf_path, tmp / "model.gguf", kept, head)
+        np.save(tmp / "kept.npy", kept.astype(np.int64))
+        about = {"source": gguf_path.name, "keep": keep, "head": head, "kept_total": int(len(kept)),
+                 "vocab_size": int(len(counts)),
+                 "corpus_mass_kept": float(counts[kept].sum() / max(int(counts.sum()), 1))}
+        (tmp / "about.json").write_text(json.dumps(about, indent=1) + "\n", encoding="utf-8")
+
+    ensure_artefact(folder, build, f"the {keep}-token draft of {gguf_path.name}")
+    inputs = ensure_artefact(input_table_path(gguf_path), lambda tmp: write_input_table(gguf_path, tmp),
+                             f"the input embeddings of {gguf_path.name}")
+    kept = np.load(folder / "kept.npy")
+    return ReducedDraft(folder / "model.gguf", inputs, build_vocab_map(kept, len(counts)))
+
+
+def open_reduced_draft(reduced: ReducedDraft, **backend_kwargs):
+    """The reduced draft loaded in llama.cpp, fed full-vocabulary ids (its logits are over
+    the kept tokens, in ``reduced.vocab_map`` order)."""
+    from nsd.backends.embedding_input import EmbeddingInputBackend, EmbeddingTable
+    from nsd.backends.llama_cpp import LlamaCppBackend
+
+    return EmbeddingInputBackend(LlamaCppBackend(reduced.model, **backend_kwargs),
+                                 EmbeddingTable(reduced.inputs))

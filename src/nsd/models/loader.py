@@ -17,7 +17,7 @@ from nsd import options as optspec
 from nsd.backends.base import ModelBackend
 from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
 from nsd.errors import NSDError
-from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft
+from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft, open_reduced_draft
 from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
 from nsd.models.registry import resolve_model
 from nsd.models.weights import DERIVED_FORMATS, check_weights, gguf_for
@@ -118,11 +118,14 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
         tokenizer_dir = str(ensure_tokenizer_folder(model))
 
         def open_format(fmt: str) -> LoadedModel:
-            path, vocab_map = gguf_for(resolved.gguf_path, fmt, options.threads), None
+            path = gguf_for(resolved.gguf_path, fmt, options.threads)
             if reduced_vocab is not None:
-                path, vocab_map = ensure_reduced_draft(path, reduced_vocab)
+                reduced = ensure_reduced_draft(path, reduced_vocab)
+                return LoadedModel(open_reduced_draft(reduced, n_threads=options.threads,
+                                                      n_ctx=options.n_ctx),
+                                   str(reduced.model), tokenizer_dir, fmt, reduced.vocab_map)
             return LoadedModel(LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx),
-                               str(path), tokenizer_dir, fmt, vocab_map)
+                               str(path), tokenizer_dir, fmt)
 
         if weights != "auto":
             return open_format(weights)

@@ -41,7 +41,8 @@ class DraftModelProposer:
         # Target-vocabulary tokens whose KV the draft cache holds. With ``reuse_cache``, a
         # cache that says what it holds (left by an earlier generation or restored from a
         # prefix cache) is reused as far as it matches; otherwise, or for a
-        # reduced-vocabulary draft (whose ids are not the target's), it is rebuilt.
+        # reduced-vocabulary draft (fed input embeddings, so its cache does not record
+        # token ids), it is rebuilt.
         held = cached_tokens(backend) if reuse_cache and vocab_map is None else None
         self._fed: list[int] = list(held) if held is not None else []
         self._prompt_length = 0  # generated tokens start here (for the penalties)
@@ -63,7 +64,9 @@ class DraftModelProposer:
         # At least the last context token is (re)fed, because we need its logits.
         keep = min(common_prefix_length(self._fed, context), len(context) - 1)
         self.backend.rewind(keep)
-        logits = self.backend.forward(self._draft_ids(context[keep:]), all_logits=False)[-1]  # [Vd]
+        # A reduced-vocabulary draft takes full-vocabulary ids too (it is fed their input
+        # embeddings), so the context and the drafted tokens go in as they are.
+        logits = self.backend.forward(list(context[keep:]), all_logits=False)[-1]  # [Vd]
         vmap = self.vocab_map
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -82,11 +85,9 @@ class DraftModelProposer:
                 rows.append(probs if vmap is None else vmap.expand(probs))  # q on the full vocabulary
             tokens.append(draft_id if vmap is None else int(vmap.draft_to_target[draft_id]))
             if i < k - 1:
-                logits = self.backend.forward([draft_id])[-1]
+                logits = self.backend.forward([tokens[-1]])[-1]
         self._fed = list(context) + tokens[:-1]
         # Token ids stay on the CPU (the loop needs them as ints); q stays on the draft's device.
         return Proposal(torch.tensor(tokens, dtype=torch.long, device="cpu"),
                         None if greedy else torch.stack(rows))
 
-    def _draft_ids(self, tokens: Sequence[int]) -> list[int]:
-        return list(tokens) if self.vocab_map is None else self.vocab_map.to_draft(list(tokens))
