@@ -129,3 +129,12 @@ def test_models_verify_a_damaged_file_path(tmp_path, capsys) -> None:
     assert main(["models", "verify", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("nsd: error: ") and "truncated" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "serve", "bench", "models"])
+def test_every_subcommands_help_prints(command, capsys) -> None:
+    """Help texts come from the option specs, which are plain text (a "10%" once broke
+    argparse's %-formatting of --help)."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out

@@ -224,3 +224,67 @@ def test_token_counts_are_deterministic(smol: Path) -> None:
     texts = [b"def f(x):\n    return x + 1\n", "caf\u00e9 na\u00efve".encode(), b"\xff\xfe odd bytes"]
     a, b = count_tokens(smol, texts), count_tokens(smol, list(reversed(texts)))
     assert a.shape == (49152,) and a.sum() > 10 and np.array_equal(a, b)
+
+
+# --- --draft-vocab auto ----------------------------------------------------------------------
+
+
+class _FakeBackend:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size, self.closed = vocab_size, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("reduced_ms, kept", [(8.9, "reduced"), (9.1, "full"), (12.0, "full")])
+def test_auto_vocab_keeps_the_reduced_head_only_when_it_measures_cheaper_by_the_margin(
+        monkeypatch, reduced_ms: float, kept: str) -> None:
+    from nsd.models import loader
+
+    full = loader.LoadedModel(_FakeBackend(151_936), "full.gguf", None, "q4_0", candidates={"q4_0": 1.0})
+    reduced = loader.LoadedModel(_FakeBackend(33_061), "reduced.gguf", None, "q4_0",
+                                 source_file="full.gguf")
+    opened: list[tuple] = []
+
+    def open_format(fmt, keep=None):
+        opened.append((fmt, keep))
+        return reduced
+
+    monkeypatch.setattr(loader, "compare_step_costs",
+                        lambda c: {"full": 10.0e-3, "reduced": reduced_ms * 1e-3})
+    out = loader._reduce_where_cheaper(full, open_format)
+    assert opened == [("q4_0", loader.AUTO_DRAFT_VOCAB)]
+    assert out is (reduced if kept == "reduced" else full)
+    assert (full.backend.closed, reduced.backend.closed) == (kept == "reduced", kept == "full")
+    assert out.vocab_costs == {"full": 10.0e-3, "reduced": reduced_ms * 1e-3}
+    assert out.candidates == {"q4_0": 1.0}
+
+
+def test_auto_vocab_leaves_small_vocabularies_and_unsupported_files_alone(monkeypatch, capsys) -> None:
+    from nsd.errors import NSDError
+    from nsd.models import loader
+
+    small = loader.LoadedModel(_FakeBackend(2 * loader.AUTO_DRAFT_VOCAB), "s.gguf", None)
+    assert loader._reduce_where_cheaper(small, lambda *a: pytest.fail("must not build")) is small
+
+    big = loader.LoadedModel(_FakeBackend(151_936), "b.gguf", None)
+
+    def cannot(*args):
+        raise NSDError("no tokenizer in b.gguf")
+
+    assert loader._reduce_where_cheaper(big, cannot) is big
+    assert "keeping the draft's full vocabulary (no tokenizer in b.gguf)" in capsys.readouterr().err
+
+
+def test_draft_vocab_option_takes_a_number_zero_or_auto() -> None:
+    from nsd import options as optspec
+    from nsd.errors import NSDError
+    from nsd.models.loader import BackendOptions
+
+    assert BackendOptions().draft_vocab == "auto"
+    assert BackendOptions(draft_vocab=0).draft_vocab == 0
+    assert BackendOptions(draft_vocab=32768).draft_vocab == 32768
+    with pytest.raises(NSDError, match="draft_vocab must be a whole number >= 0 or .auto."):
+        BackendOptions(draft_vocab=-1)
+    assert optspec.ALL["draft_vocab"].flag == "--draft-vocab"

@@ -29,7 +29,7 @@ def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
 
     proposer = args.proposer if needs_proposer else ("draft" if args.draft else "ngram")
     return Engine(args.target, draft=args.draft, proposer=proposer, options=backend_options(args),
-                  draft_vocab=args.draft_vocab, k_max=args.k_max)
+                  k_max=args.k_max)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

@@ -47,6 +47,7 @@ def add_option(parser: argparse.ArgumentParser | Any, option: Option, **override
         if option.default is not None and option.type is not bool and "(default" not in option.help:
             kw["help"] = f"{option.help} (default: {option.default})"
     kw.update(override)
+    kw["help"] = kw["help"].replace("%", "%%")  # argparse %-formats help; the specs are plain text
     parser.add_argument(*names, **kw)
 
 
@@ -68,10 +69,6 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
                    help="where drafts come from: the draft model, prompt lookup (ngram), or "
                         "hybrid: both, the cheaper per block (default: draft if --draft is "
                         "given, else ngram)")
-    p.add_argument("--draft-vocab", type=_number(int, False), default=None, metavar="N",
-                   help="draft over a reduced output vocabulary: the N tokens most frequent in a "
-                        "local corpus plus the special ones (llama.cpp drafts; the draft still "
-                        "sees every context token; cheaper draft steps, SD stays exact)")
     add_options(p, optspec.BACKEND)
     # --compile alone means torch.compile.
     for action in p._actions:

@@ -46,7 +46,7 @@ class Engine:
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
-                 draft_vocab: int | None = None, k_max: int = GenerationConfig.k_max) -> None:
+                 draft_vocab: int | str | None = None, k_max: int = GenerationConfig.k_max) -> None:
         proposer = proposer or ("draft" if draft else "ngram")
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
@@ -64,7 +64,9 @@ class Engine:
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
         if proposer in _NEEDS_DRAFT:
-            self.draft_model = load_backend(draft, options, draft_vocab,
+            # draft_vocab overrides options.draft_vocab (N, 0 for the full vocabulary, auto).
+            vocab = options.draft_vocab if draft_vocab is None else draft_vocab
+            self.draft_model = load_backend(draft, options, vocab,
                                             weights=options.draft_weights or options.weights)
             self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
             _check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_model.tokenizer_dir),

@@ -72,7 +72,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid = p.add_argument_group("methods")
     grid.add_argument("--methods", type=_csv, default=["ar", "sd", "nsd"],
                       help="comma-separated from ar, sd, nsd, nsd-budget, typical, hf-ar, "
-                           "hf-assisted, hf-pld, llama-generate (default: ar,sd,nsd)")
+                           "hf-assisted, hf-pld, llama-generate, llama-speculative (default: ar,sd,nsd)")
     grid.add_argument("--ks", type=_csv, default=[],
                       help="draft lengths to compare, e.g. auto,2,4: each speculative method runs "
                            "once per k, labelled /k=… (default: just --draft-length)")
@@ -126,7 +126,6 @@ def _settings(args: argparse.Namespace, base) -> dict:
     generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
     return {"target": args.target, "draft": args.draft,
             **dataclasses.asdict(backend_options(args)),
-            "draft_vocab": args.draft_vocab,
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
             "prompt_field": args.prompt_field, "dataset_stops": args.dataset_stops,
             "loglik": args.loglik, "execute": args.execute, "exec_timeout_s": args.exec_timeout}
@@ -191,23 +190,43 @@ def _runner(args: argparse.Namespace, config, journal):
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods
-    engine = _engine(args, draft=any(m.proposer in ("draft", "hybrid") for m in methods))
+    engine = _engine(args, draft=any(m.proposer in ("draft", "hybrid") or m.family == "llama-speculative"
+                                     for m in methods))
     peers = None
     if any(m.is_hf for m in methods):
         from nsd.bench.hf_peers import HFPeers
 
         peers = HFPeers(args.target, args.draft, need_draft=any(m.family == "hf-assisted" for m in methods),
                         threads=args.threads)
-    llama_peer = None
-    if any(m.is_llama_peer for m in methods):
+    llama_peers = _llama_peers(args, engine, {m.family for m in methods if m.is_llama_peer})
+    return BenchRunner(engine, config, journal, peers=peers, monitor=LoadMonitor(args.max_other_load),
+                       progress=args.progress, llama_peers=llama_peers)
+
+
+def _llama_peers(args: argparse.Namespace, engine, families: set[str]) -> dict:
+    """llama.cpp's own programs on the very files the engine loaded."""
+    if not families:
+        return {}
+    target = engine.target_model.file
+    if target is None or not target.endswith(".gguf"):
+        raise NSDError(f"{sorted(families)[0]} needs a GGUF target on the llama.cpp backend")
+    peers = {}
+    if "llama-generate" in families:
         from nsd.bench.llama_peer import LlamaGeneratePeer
 
-        if engine.target_model.file is None or not engine.target_model.file.endswith(".gguf"):
-            raise NSDError("llama-generate needs a GGUF target on the llama.cpp backend")
-        llama_peer = LlamaGeneratePeer(engine.target_model.file, engine.tokenizer,
-                                       engine.eos_token_ids, args.threads, args.n_ctx)
-    return BenchRunner(engine, config, journal, peers=peers, monitor=LoadMonitor(args.max_other_load),
-                       progress=args.progress, llama_peer=llama_peer)
+        peers["llama-generate"] = LlamaGeneratePeer(target, engine.tokenizer, engine.eos_token_ids,
+                                                    args.threads, args.n_ctx)
+    if "llama-speculative" in families:
+        from nsd.bench.llama_spec_peer import LlamaSpeculativePeer
+
+        # The draft's full-vocabulary file: llama.cpp cannot run nsd's reduced head.
+        dm = engine.draft_model
+        draft = (dm.source_file or dm.file) if dm is not None else None
+        if draft is None or not draft.endswith(".gguf"):
+            raise NSDError("llama-speculative needs a GGUF --draft on the llama.cpp backend")
+        peers["llama-speculative"] = LlamaSpeculativePeer(target, draft, engine.tokenizer, args.threads,
+                                                          args.n_ctx)
+    return peers
 
 
 def _engine(args: argparse.Namespace, draft: bool):
@@ -217,4 +236,4 @@ def _engine(args: argparse.Namespace, draft: bool):
 
     return Engine(args.target, draft=args.draft if draft else None,
                   proposer="draft" if draft else "ngram", options=backend_options(args),
-                  draft_vocab=args.draft_vocab if draft else None, k_max=args.k_max)
+                  k_max=args.k_max)

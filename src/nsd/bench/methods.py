@@ -4,7 +4,9 @@ A :class:`MethodSpec` is one column of the results. Labels are stable strings (t
 the journal): ``ar``, ``sd/draft``, ``nsd@0.9/ngram``, ``nsd-budget@B4/draft``,
 ``typical/draft``; with several draft lengths (``--ks auto,2,4``) each speculative label
 gets a ``/k=…`` suffix. Outside peers: transformers' ``hf-ar``, ``hf-assisted``,
-``hf-pld``, and ``llama-generate`` (llama.cpp's own generation of the target file).
+``hf-pld``, ``llama-generate`` (llama.cpp's own generation of the target file) and
+``llama-speculative`` (llama.cpp's own speculative decoding of the same pair; with integer
+``--ks`` it runs once per draft length, else at llama.cpp's default).
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
 
-FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld",
-            "llama-generate")
+LLAMA_PEERS = ("llama-generate", "llama-speculative")
+FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld") + LLAMA_PEERS
 PROPOSERS = ("draft", "ngram", "hybrid")  # hybrid: the draft model and prompt lookup
 
 
 def is_peer_family(family: str) -> bool:
     """A method family run by someone else's generate (transformers, llama.cpp), not nsd's
     engine; summary rows carry only the family, so reports ask this of it."""
-    return family.startswith("hf-") or family == "llama-generate"
+    return family.startswith("hf-") or family in LLAMA_PEERS
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class MethodSpec:
 
     @property
     def is_llama_peer(self) -> bool:
-        return self.family == "llama-generate"
+        return self.family in LLAMA_PEERS
 
     @property
     def is_peer(self) -> bool:
@@ -111,6 +113,10 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
     for family in dict.fromkeys(families):
         if family == "ar" or family.startswith("hf-") or family == "llama-generate":
             specs.append(MethodSpec(family, family))
+            continue
+        if family == "llama-speculative":  # its own drafter; only a whole-number k applies
+            fixed = [(k, s) for k, s in variants if isinstance(k, int)] or [(None, "")]
+            specs += [MethodSpec(f"{family}{s}", family, k=k) for k, s in fixed]
             continue
         for proposer in proposers:
             for k, suffix in variants:

@@ -144,7 +144,10 @@ def weights_used(records: Sequence[dict]) -> str | None:
         if len(counts) == 1:
             return next(iter(counts))
         return ", ".join(f"{fmt} ({n} calls)" for fmt, n in counts.most_common())
-    return "; ".join(f"{role} {show(roles[role])}" for role in ("target", "draft") if role in roles)
+    shown = "; ".join(f"{role} {show(roles[role])}" for role in ("target", "draft") if role in roles)
+    if "draft_vocab" in roles:  # nsd's own draft calls ran on a reduced head (--draft-vocab)
+        shown += f" (nsd's draft head: {show(roles['draft_vocab'])} tokens)"
+    return shown
 
 
 def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settings: dict,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from nsd.api import GenerationConfig
 from nsd.bench.datasets import BenchPrompt
@@ -64,16 +64,19 @@ class BenchRunner:
 
     ``engine`` is an :class:`nsd.api.Engine` (or anything with ``encode``, ``generate``,
     ``target`` and ``use_proposer``); ``peers`` an :class:`~nsd.bench.hf_peers.HFPeers`
-    when hf-* methods are selected.
+    when hf-* methods are selected; ``llama_peers`` llama.cpp's own programs by family
+    (``llama-generate``, ``llama-speculative``) when those are.
     """
 
     def __init__(self, engine, config: RunConfig, journal: Journal, peers=None,
-                 monitor: LoadMonitor | None = None, progress: bool = True, llama_peer=None) -> None:
+                 monitor: LoadMonitor | None = None, progress: bool = True,
+                 llama_peers: Mapping[str, Any] | None = None) -> None:
         if any(m.is_hf for m in config.methods) and peers is None:
             raise NSDError("hf-* methods need the transformers peers loaded")
-        if any(m.is_llama_peer for m in config.methods) and llama_peer is None:
-            raise NSDError("llama-generate needs the llama.cpp peer loaded")
-        self.llama_peer = llama_peer
+        self.llama_peers = dict(llama_peers or {})
+        missing = [m.family for m in config.methods if m.is_llama_peer and m.family not in self.llama_peers]
+        if missing:
+            raise NSDError(f"{missing[0]} needs its llama.cpp peer loaded")
         self.engine = engine
         self.config = config
         self.journal = journal
@@ -118,7 +121,7 @@ class BenchRunner:
         if spec.is_hf:
             return self.peers.generate(spec.family, ids, config)
         if spec.is_llama_peer:
-            return self.llama_peer.generate(ids, config)
+            return self.llama_peers[spec.family].generate(ids, config)
         if spec.proposer is not None:
             self.engine.use_proposer(spec.proposer)
         result = self.engine.generate(ids, config)
@@ -167,6 +170,10 @@ class BenchRunner:
         if spec.is_hf:
             return {}
         out = {"target": getattr(getattr(self.engine, "target_model", None), "weights", None)}
-        if spec.proposer in ("draft", "hybrid"):
-            out["draft"] = getattr(getattr(self.engine, "draft_model", None), "weights", None)
+        if spec.proposer in ("draft", "hybrid") or spec.family == "llama-speculative":
+            draft = getattr(self.engine, "draft_model", None)
+            out["draft"] = getattr(draft, "weights", None)
+            vmap = getattr(draft, "vocab_map", None)
+            if vmap is not None and spec.family != "llama-speculative":  # the peer runs the full file
+                out["draft_vocab"] = len(vmap.draft_to_target)
         return out

@@ -10,8 +10,9 @@ the cheapest.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend
@@ -40,6 +41,7 @@ class BackendOptions:
     compile: str = optspec.default("compile")
     weights: str = optspec.default("weights")
     draft_weights: str | None = optspec.default("draft_weights")  # None: as ``weights``
+    draft_vocab: int | str = optspec.default("draft_vocab")  # 0: full; "auto": where it pays
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BackendOptions:
@@ -70,6 +72,8 @@ class LoadedModel:
     vocab_map: VocabMap | None = None
     calibration: Calibration | None = None
     candidates: dict[str, float] = field(default_factory=dict)  # format -> c(1) seconds
+    source_file: str | None = None  # a reduced draft's full-vocabulary GGUF
+    vocab_costs: dict[str, float] = field(default_factory=dict)  # full/reduced -> c(1) seconds
 
     def step_costs(self, n_max: int) -> tuple[float, ...]:
         """``c(1..n_max)`` for this backend on this machine (measured once, cached)."""
@@ -92,13 +96,31 @@ def pick_format(costs: Mapping[str, float]) -> str:
     return min(faster, key=costs.__getitem__) if faster else "original"
 
 
-def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None = None,
+# --draft-vocab auto: the kept vocabulary, offered only to drafts with more than twice as
+# many tokens, and kept only when its step is this much cheaper. At 32,768 tokens about 4%
+# of the drafts the full vocabulary would have made are lost (BENCHMARKS.md, "Cheaper
+# draft"), so a smaller saving could cost more acceptance than it saves time.
+AUTO_DRAFT_VOCAB = 32768
+_AUTO_VOCAB_MARGIN = 0.10
+
+
+def keeps_reduced_head(costs: Mapping[str, float]) -> bool:
+    """Whether ``--draft-vocab auto`` keeps the reduced draft, from measured c(1) seconds
+    of the ``full`` and ``reduced`` drafts."""
+    return costs["reduced"] <= costs["full"] * (1.0 - _AUTO_VOCAB_MARGIN)
+
+
+def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str | None = None,
                  weights: str | None = None, calibrate_n: int = 2) -> LoadedModel:
     """Load one model (``weights`` overrides ``options.weights``); a reduced-vocabulary
-    copy when ``reduced_vocab`` asks for one (drafts only). ``auto`` weights load
-    every format, measure their single steps side by side and keep the cheapest (a
-    derived format must win by a margin); then ``c(1..calibrate_n)`` of the one kept."""
+    copy when ``reduced_vocab`` asks for one (drafts only: N tokens, 0 or None for the full
+    vocabulary, ``auto`` where it measures cheaper). ``auto`` weights load every format,
+    measure their single steps side by side and keep the cheapest (a derived format must
+    win by a margin); then ``c(1..calibrate_n)`` of the one kept."""
     weights = check_weights(weights or options.weights)
+    auto_vocab = reduced_vocab == "auto"
+    if auto_vocab or not reduced_vocab:
+        reduced_vocab = None
     resolved = resolve_model(model)
     backend = options.backend
     if backend == "auto":
@@ -117,18 +139,20 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
 
         tokenizer_dir = str(ensure_tokenizer_folder(model))
 
-        def open_format(fmt: str) -> LoadedModel:
+        def open_format(fmt: str, keep: int | None = reduced_vocab) -> LoadedModel:
             path = gguf_for(resolved.gguf_path, fmt, options.threads)
-            if reduced_vocab is not None:
-                reduced = ensure_reduced_draft(path, reduced_vocab)
+            if keep is not None:
+                reduced = ensure_reduced_draft(path, keep)
                 return LoadedModel(open_reduced_draft(reduced, n_threads=options.threads,
                                                       n_ctx=options.n_ctx),
-                                   str(reduced.model), tokenizer_dir, fmt, reduced.vocab_map)
+                                   str(reduced.model), tokenizer_dir, fmt, reduced.vocab_map,
+                                   source_file=str(path))
             return LoadedModel(LlamaCppBackend(path, n_threads=options.threads, n_ctx=options.n_ctx),
                                str(path), tokenizer_dir, fmt)
 
         if weights != "auto":
-            return open_format(weights)
+            chosen = open_format(weights)
+            return _reduce_where_cheaper(chosen, open_format) if auto_vocab else chosen
         # Every format loaded at once (weights are memory-mapped) and measured side by side:
         # measuring them one after another let warm-up and drift decide the pick.
         loaded = {fmt: open_format(fmt) for fmt in ("original",) + DERIVED_FORMATS}
@@ -139,6 +163,8 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
                 m.backend.close()
         best = loaded[pick]
         best.candidates = costs
+        if auto_vocab:
+            best = _reduce_where_cheaper(best, open_format)
         best.step_costs(calibrate_n)  # measured now, not inside the first timed generation
         return best
     if weights not in ("auto", "original"):
@@ -150,6 +176,23 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | None 
     return LoadedModel(HFBackend(hf_dir, dtype=options.dtype, n_threads=options.threads,
                                  device=options.device, max_len=options.n_ctx, compile=options.compile),
                        str(hf_dir), str(hf_dir))
+
+
+def _reduce_where_cheaper(full: LoadedModel, open_format: Callable[..., LoadedModel]) -> LoadedModel:
+    """``--draft-vocab auto``: the reduced draft of ``full``'s file if its step measures
+    cheaper by the margin, side by side with the full one, else ``full``."""
+    if full.backend.vocab_size <= 2 * AUTO_DRAFT_VOCAB:
+        return full
+    try:
+        reduced = open_format(full.weights, AUTO_DRAFT_VOCAB)
+    except NSDError as exc:  # e.g. a file the rewrite does not support: still a valid draft
+        print(f"nsd: keeping the draft's full vocabulary ({exc})", file=sys.stderr)
+        return full
+    costs = compare_step_costs({"full": (full.backend, full.file), "reduced": (reduced.backend, reduced.file)})
+    keep, drop = (reduced, full) if keeps_reduced_head(costs) else (full, reduced)
+    drop.backend.close()
+    keep.candidates, keep.vocab_costs = full.candidates, costs
+    return keep
 
 
 def load_tokenizer(folder: str):
