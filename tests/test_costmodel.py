@@ -241,3 +241,17 @@ def test_draft_catch_up_is_charged() -> None:
     assert lagging.next_k(20) == 0
     # A long generation amortises the same catch-up: speculation starts.
     assert lagging.next_k(100_000) > 0
+
+
+def test_draws_do_not_speculate_where_the_mean_says_plain_steps_pay() -> None:
+    """A wide posterior whose mean prefers plain steps: drafted blocks come only from the
+    scheduled probes (first block, then waits that double), not from lucky draws. Letting
+    the draws speculate made SD with -k auto slower than AR at T = 0.8."""
+    costs = StepCosts((0.04, 0.08, 0.085, 0.09, 0.095), draft=0.015)  # AMX-like: c(2) = 2 c(1)
+    tracker = AcceptanceTracker(4, prior=0.75, weight=2.0)  # unsure: draws often reach 0.95
+    mean_k = best_k(costs, tracker.rates(), 4)[0]
+    draw_ks = [best_k(costs, tracker.sample(random.Random(s)), 4)[0] for s in range(200)]
+    assert mean_k == 0 and sum(k > 0 for k in draw_ks) >= 30  # the draws alone would speculate
+    policy = CostModelK(costs, tracker, k_max=4, probe_every=16, seed=3)
+    chosen = [policy.next_k(1000) for _ in range(400)]
+    assert [i for i, k in enumerate(chosen) if k > 0] == [0, 33, 98, 227]
