@@ -255,3 +255,29 @@ def test_draws_do_not_speculate_where_the_mean_says_plain_steps_pay() -> None:
     policy = CostModelK(costs, tracker, k_max=4, probe_every=16, seed=3)
     chosen = [policy.next_k(1000) for _ in range(400)]
     assert [i for i, k in enumerate(chosen) if k > 0] == [0, 33, 98, 227]
+
+
+def test_probes_that_are_all_accepted_bring_speculation_in_early() -> None:
+    """On a CPU where c(2) ≈ 2 c(1) the prior alone says plain steps. Drafts that are always
+    accepted must win the policy over within the first few dozen passes of an answer: the
+    waits between probes used to double even after a probe accepted everything, so the
+    policy was still decoding plainly after 100 passes."""
+    costs = StepCosts((0.042, 0.081, 0.081, 0.087, 0.090, 0.096, 0.102), draft=0.012)
+    policy = CostModelK(costs, AcceptanceTracker(6), k_max=6, seed=0)
+    policy.begin(100)
+    chosen = []
+    for _ in range(40):
+        k = policy.next_k(1000)
+        policy.observe(k, k, k, 0.0, 0.0, 0.0)  # every draft accepted
+        chosen.append(k)
+    first_steady = next(i for i in range(len(chosen)) if all(k > 0 for k in chosen[i:]))
+    assert first_steady <= 20, chosen
+    # Probes that are rejected still back off as before (no extra probing where drafts fail).
+    failing = CostModelK(costs, AcceptanceTracker(6), k_max=6, seed=0)
+    failing.begin(100)
+    drafted = []
+    for _ in range(200):
+        k = failing.next_k(1000)
+        failing.observe(k, k, 0, 0.0, 0.0, 0.0)
+        drafted.append(k > 0)
+    assert sum(drafted) <= 5

@@ -42,15 +42,43 @@ def test_lookup_blocks_teach_their_own_tracker_and_leave_the_draft_behind() -> N
     if from_lookup:
         policy.observe(k, k, k, 0.0, 0.05, 0.0)
         assert policy.tracker.attempts == before  # the draft's estimate is untouched
-        assert sum(policy.lookup_tracker.attempts) > 0
+        assert sum(policy.lookup_trackers[1].attempts) > 0
+        assert sum(policy.lookup_tracker.attempts) == 0  # the template stays the prior
         assert policy._behind == 10 + k + 1  # the draft saw none of the block
+
+
+def test_each_match_length_learns_its_own_lookup_acceptance() -> None:
+    """Copies after a single matched token that keep failing must not stop copies after a
+    three-token match, which keep being accepted."""
+    policy = CostModelK(StepCosts((0.04, 0.05, 0.055, 0.06, 0.065), draft=0.015),
+                        AcceptanceTracker(4, prior=0.3), k_max=4, seed=3,
+                        lookup_tracker=AcceptanceTracker(4, prior=0.8))
+    for _ in range(40):
+        for match, accepted in ((1, 0), (3, 4)):
+            k, from_lookup = policy.plan(100, free=4, match=match)
+            drafted = k if from_lookup else 0
+            policy.observe(k, drafted, min(accepted, drafted), 0.0, 0.05, 0.0)
+    assert policy.lookup_trackers[1].rates()[0] < 0.5  # tried, failed, then left alone
+    assert policy.lookup_trackers[3].rates()[0] > 0.9
+    assert policy.plan(100, free=4, match=3)[1] is True
+    assert not any(policy.plan(100, free=4, match=1)[1] for _ in range(30))
+
+
+def test_lookup_draws_never_choose_a_block_the_mean_rejects() -> None:
+    """A wide lookup posterior whose mean says a plain step pays better: no draw may pick
+    a lookup block (exploration is the scheduled probes' job)."""
+    costs = StepCosts((0.04, 0.07, 0.08, 0.09, 0.10), draft=0.03)
+    policy = CostModelK(costs, AcceptanceTracker(4, prior=0.2), k_max=4, seed=0,
+                        lookup_tracker=AcceptanceTracker(4, prior=0.4, weight=0.5))
+    assert policy._lookup_choice(4, 2) is None
+    assert not any(policy.plan(100, free=4, match=2)[1] for _ in range(200))
 
 
 def test_hybrid_proposer_copies_or_drafts() -> None:
     greedy = SamplingConfig()
     hybrid = HybridProposer(DraftModelProposer(MockLM(seed=1), greedy), NgramProposer(NgramConfig(max_ngram=2)))
     context = [5, 6, 7, 8, 9, 5, 6]
-    assert hybrid.free_length(context, 4) == 4  # 7, 8, 9, 5 follow the earlier "5 6"
+    assert hybrid.free_length(context, 4) == (4, 2)  # 7, 8, 9, 5 follow the earlier "5 6"
     copied = hybrid.propose(context, 2, torch.Generator(), lookup=True)
     assert copied.tokens.tolist() == [7, 8] and copied.probs is None
     drafted = hybrid.propose(context, 3, torch.Generator())

@@ -211,9 +211,10 @@ class CostModelK:
     made on a draw from the acceptance posterior (Thompson sampling, a generator seeded
     from the generation's seed), so an unlucky start does not lock speculation out. After
     ``probe_every`` plain steps in a row one block is drafted anyway, so a text that
-    becomes predictable again is noticed; each probe that does not win the policy back
-    doubles the wait (up to ``probe_max``), so probing costs little where speculation never
-    pays.
+    becomes predictable again is noticed; each probe with a rejected draft doubles the wait
+    (up to ``probe_max``), so probing costs little where speculation never pays, while a
+    probe whose drafts were all accepted is followed by another after ``probe_after_hit``
+    plain steps, so a prior that undersells the drafts is corrected within a few blocks.
     """
 
     costs: StepCosts
@@ -221,14 +222,22 @@ class CostModelK:
     k_max: int
     probe_every: int = 16
     probe_max: int = 1024
+    # A prior of 0.6 needs about four fully accepted probes before a CPU whose c_t(2) is
+    # ~2 c_t(1) (AMX) drafts on its own; with waits that double regardless, those came
+    # after 16 + 32 + 64 plain steps, past the end of most answers (NSD θ 0.9, accepting
+    # ~0.95 per draft, took plain steps in 89 % of its passes on HumanEval).
+    probe_after_hit: int = 4
     overhead_s: float = 0.0  # nsd's own work per speculative pass, if known
     chosen: list[int] = field(default_factory=list)
     predicted_tokens: float = 0.0
     predicted_s: float = 0.0
     seed: int = 0
     # With a second, free proposer (prompt lookup beside the draft model): its own
-    # acceptance estimate. Its blocks cost no draft steps; see :meth:`plan`.
+    # acceptance estimate. Its blocks cost no draft steps; see :meth:`plan`. A copy after a
+    # long matched n-gram is far likelier to be right than one after a single matched
+    # token, so each match length learns its own estimate (copies of the template below).
     lookup_tracker: AcceptanceTracker | None = None
+    lookup_trackers: dict[int, AcceptanceTracker] = field(default_factory=dict)
     # A draft that sat out plain steps must first read what it missed: ``catchup`` times
     # its step cost per missed token (a batched forward costs far less per token than a
     # single step: a 95-token prefill of the 1.5B took ~0.3 steps per token on 2 cores).
@@ -236,7 +245,8 @@ class CostModelK:
     _behind: int = 0
     _plain_run: int = 0
     _probe_wait: int = 0
-    _last_lookup: bool = False
+    _last_lookup: int = 0  # the match length of the last block if lookup drafted it
+    _probing: bool = False
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -254,11 +264,12 @@ class CostModelK:
     def next_k(self, remaining: int) -> int:
         return self.plan(remaining, 0)[0]
 
-    def plan(self, remaining: int, free: int) -> tuple[int, bool]:
+    def plan(self, remaining: int, free: int, match: int = 1) -> tuple[int, bool]:
         """The next block: ``(k, from_lookup)``. ``free`` tokens can be proposed at no
-        draft cost by prompt lookup; a lookup block of ``j ≤ free`` tokens costs only
-        ``c_t(j + 1)`` and is priced with the lookup's own acceptance estimate. The
-        cheaper proposer wins the block on expected tokens per second."""
+        draft cost by prompt lookup, after a matched n-gram of ``match`` tokens; a lookup
+        block of ``j ≤ free`` tokens costs only ``c_t(j + 1)`` and is priced with the
+        acceptance estimate of lookups after matches of that length. The cheaper proposer
+        wins the block on expected tokens per second."""
         k_cap = max(0, min(self.k_max, remaining - 1))
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
@@ -280,20 +291,22 @@ class CostModelK:
         choice = pick(self.tracker.rates())
         if choice[0] > 0:
             choice = pick(alpha)
-        lookup = self._lookup_choice(min(free, k_cap))
+        lookup = self._lookup_choice(min(free, k_cap), match)
         if lookup is not None and lookup[1] / lookup[2] > choice[1] / choice[2]:
             k, tokens, seconds = lookup
-            self._last_lookup = True
+            self._last_lookup = match
             self._plain_run = 0
             self.chosen.append(k)
-            self.predicted_tokens += expected_tokens(self.lookup_tracker.rates(), k)
+            self.predicted_tokens += expected_tokens(self._lookup(match).rates(), k)
             self.predicted_s += seconds
             return k, True
-        self._last_lookup = False
+        self._last_lookup = 0
+        self._probing = False
         if choice[0] > 0:
             self._probe_wait = self.probe_every  # speculation pays again: probe eagerly later
         elif not hopeless and self._plain_run >= self._probe_wait and k_cap > 0:
             choice = pick(alpha, k_min=1)
+            self._probing = True
             self._probe_wait = min(2 * self._probe_wait, self.probe_max)
         self._plain_run = self._plain_run + 1 if choice[0] == 0 else 0
         k = choice[0]
@@ -303,18 +316,34 @@ class CostModelK:
         self.predicted_s += choice[2]
         return k, False
 
-    def _lookup_choice(self, free: int) -> tuple[int, float, float] | None:
-        """The best lookup block of at most ``free`` tokens as (j, tokens, seconds)."""
+    def _lookup(self, match: int) -> AcceptanceTracker:
+        tracker = self.lookup_trackers.get(match)
+        if tracker is None:
+            assert self.lookup_tracker is not None
+            tracker = self.lookup_trackers[match] = self.lookup_tracker.copy()
+        return tracker
+
+    def _lookup_choice(self, free: int, match: int) -> tuple[int, float, float] | None:
+        """The best lookup block of at most ``free`` tokens as (j, tokens, seconds), or
+        None where no lookup block beats a plain step on the posterior mean (as for the
+        draft model: a draw only tunes the length, it never explores on its own)."""
         if self.lookup_tracker is None or free < 1:
             return None
-        alpha = self.lookup_tracker.sample(self._rng)
-        best = None
-        for j in range(1, free + 1):
-            tokens = expected_tokens(alpha, j)
-            seconds = self.costs.target_cost(j + 1) + self.overhead_s
-            if best is None or tokens / seconds > best[1] / best[2]:
-                best = (j, tokens, seconds)
-        return best
+        tracker = self._lookup(match)
+
+        def pick(alpha: Sequence[float]) -> tuple[int, float, float]:
+            best = (0, 1.0, self.costs.target_cost(1))
+            for j in range(1, free + 1):
+                tokens = expected_tokens(alpha, j)
+                seconds = self.costs.target_cost(j + 1) + self.overhead_s
+                if tokens / seconds > best[1] / best[2]:
+                    best = (j, tokens, seconds)
+            return best
+
+        if pick(tracker.rates())[0] == 0:
+            return None
+        best = pick(tracker.sample(self._rng))
+        return best if best[0] > 0 else None
 
     def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
                 overhead_s: float) -> None:
@@ -326,11 +355,13 @@ class CostModelK:
             # The draft model saw none of this block: it falls further behind.
             self._behind += accepted + 1
             if drafted > 0:
-                self.lookup_tracker.update(drafted, accepted)
+                self._lookup(self._last_lookup).update(drafted, accepted)
             return
         self._behind = 1 if drafted > 0 else self._behind + 1
         if drafted > 0:
             self.tracker.update(drafted, accepted)
+            if self._probing and accepted >= drafted:  # evidence for speculation: look again soon
+                self._probe_wait = min(self._probe_wait, self.probe_after_hit)
 
     @property
     def predicted_tokens_per_s(self) -> float:

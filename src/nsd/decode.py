@@ -245,11 +245,12 @@ def decode(
 
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
-        free = free_length(context, min(config.k_max, remaining - 1)) if free_length else 0
+        free, match = free_length(context, min(config.k_max, remaining - 1)) if free_length \
+            else (0, 0)
         if not config.speculative:
             k, from_lookup = 0, False
         elif plan is not None:
-            k, from_lookup = plan(remaining, free)
+            k, from_lookup = plan(remaining, free, match)
         else:  # fixed or adaptive k: lookup takes the block when it covers all of it
             k = policy.next_k(remaining)
             from_lookup = free >= k > 0

@@ -34,13 +34,15 @@ class HybridProposer:
         """Where the generated tokens start (the draft model's penalties count only those)."""
         self.draft.begin(prompt_length)
 
-    def free_length(self, context: Sequence[int], n: int) -> int:
-        """How many tokens (up to ``n``) prompt lookup can propose after ``context``."""
+    def free_length(self, context: Sequence[int], n: int) -> tuple[int, int]:
+        """``(tokens, match)``: how many tokens (up to ``n``) prompt lookup can propose
+        after ``context``, and the length of the n-gram it matched (the policy prices
+        each match length on its own: a longer match is likelier to be copied right)."""
         if n <= 0:
-            return 0
-        proposal = self.lookup.propose(context, n, None)  # type: ignore[arg-type]  # deterministic
+            return 0, 0
+        proposal, match = self.lookup.propose_matched(context, n)
         self._cached = (len(context), n, proposal)
-        return len(proposal)
+        return len(proposal), match
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:

@@ -31,6 +31,10 @@ class NgramProposer:
         self.config = config
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
+        return self.propose_matched(context, k)[0]
+
+    def propose_matched(self, context: Sequence[int], k: int) -> tuple[Proposal, int]:
+        """The proposal and the length of the n-gram it continues (0: no match)."""
         ids = np.asarray(context, dtype=np.int64)
         for n in range(min(self.config.max_ngram, len(ids) - 1), self.config.min_ngram - 1, -1):
             pattern = ids[-n:]
@@ -40,5 +44,5 @@ class NgramProposer:
                 start = int(hits[-1]) + n
                 follow = ids[start:start + k]
                 if follow.size:
-                    return Proposal(torch.from_numpy(follow.copy()), None)
-        return Proposal(torch.zeros(0, dtype=torch.long), None)
+                    return Proposal(torch.from_numpy(follow.copy()), None), n
+        return Proposal(torch.zeros(0, dtype=torch.long), None), 0
