@@ -252,6 +252,45 @@ def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
     assert amx_disagreement(torch.full_like(b, float("nan")), b) is not None
 
 
+def _library_has(marker: bytes) -> bool:
+    from llama_cpp import llama_cpp as lib
+
+    return any(marker in p.read_bytes() for p in Path(lib._base_path).glob("libggml-cpu*")
+               if p.is_file() and not p.is_symlink())
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU reports no AMX: the small-batch path is part "
+                    "of ggml's AMX backend, which scripts/install.sh does not build here")
+def test_small_batch_vnni_path_matches_the_amx_tile_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/patches/ggml-amx-vnni-small-batch.patch sends Q4_0 matmuls over 2..7 tokens
+    (``GGML_AMX_SMALL_M``, read on every call) to a VNNI kernel instead of the AMX tiles.
+    Both compute the same int32 dot product per 32-weight block and scale it the same way,
+    so the logits should agree to float rounding: on Qwen2.5-Coder-1.5B Q4_0 they were
+    bit-identical for 2..12 tokens (benchmarks/verify_kernel.py). The bound 1e-3 leaves room
+    for a compiler reordering the float scaling; a wrong unpack, offset or compensation moves
+    logits by whole units. SmolLM2's Q4_0 copy has 576-wide rows, so the kernel's 32-column
+    tail block is exercised as well as full 64-column blocks."""
+    from nsd.models.weights import gguf_for
+
+    assert _library_has(b"GGML_AMX_SMALL_M"), "the installed llama.cpp lacks the small-batch patch"
+    with LlamaCppBackend(gguf_for(_model_path(), "q4_0"), n_threads=2, n_ctx=N_CTX) as b:
+        assert "AMX" in b.weight_buffers, b.weight_buffers
+        b.forward(PROMPT[:40])
+        for n in (2, 3, 4, 5, 7):
+            out = {}
+            for value in ("0", "7"):  # 0: the tile path for every batch
+                monkeypatch.setenv("GGML_AMX_SMALL_M", value)
+                out[value] = b.forward(DRAFT[:n])
+                b.rewind(40)
+            tiles, vnni = out["0"], out["7"]
+            assert torch.isfinite(vnni).all()
+            assert torch.equal(tiles.argmax(-1), vnni.argmax(-1)), n
+            assert float((tiles - vnni).abs().max()) <= 1e-3, (n, float((tiles - vnni).abs().max()))
+            # Non-vacuous: the rows differ from one another, so a kernel that wrote one row
+            # everywhere (or nothing) would not pass.
+            assert float((vnni[0] - vnni[-1]).abs().max()) > 1.0
+
+
 def test_llama_generate_peer_prefills_every_prompt_in_full(gguf: Path) -> None:
     """The benchmark's llama.cpp peer must not reuse the previous call's KV cache: nsd's
     engine prefills each prompt in full, and a shared prefix would be free work."""

@@ -15,6 +15,7 @@ table of such numbers would mislead every later run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -33,12 +34,28 @@ REPEATS = 5
 COMPARE_REPEATS = 9  # side-by-side c(1) of several files: the pick hinges on a few percent
 
 
+@functools.lru_cache(maxsize=1)
+def llama_build_id() -> str:
+    """A digest of the llama.cpp shared libraries in use: the same llama-cpp-python version
+    built with another patch or other CPU flags runs other kernels, so its step costs must
+    not be read from a calibration measured with the old build."""
+    from llama_cpp import llama_cpp as lib
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(lib._base_path).iterdir()):
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _backend_version(backend: ModelBackend) -> str:
     name = type(backend).__name__
     if name == "LlamaCppBackend":
         import llama_cpp
 
-        return f"{name}/{llama_cpp.__version__}/fa={getattr(backend, 'flash_attn', None)}"
+        return (f"{name}/{llama_cpp.__version__}/build={llama_build_id()}"
+                f"/fa={getattr(backend, 'flash_attn', None)}")
     import torch
 
     return f"{name}/torch-{torch.__version__}/{getattr(backend, 'dtype', '')}"

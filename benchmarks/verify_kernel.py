@@ -1,0 +1,166 @@
+"""The target's verification forward with and without the small-batch VNNI path (AMX CPUs).
+
+``scripts/patches/ggml-amx-small-batch.patch`` gives ggml's AMX backend a second path for
+Q4_0 weights: batches of up to ``GGML_AMX_SMALL_M`` rows (default 7) go through an AVX-512
+VNNI kernel that unpacks each weight block once for a group of up to 4 rows, instead of
+the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-token steps. The patched library reads ``GGML_AMX_SMALL_M`` on
+every matmul, so this script measures both paths in one process, interleaved:
+
+* ``c(n)``: one forward of ``n`` new tokens (all logits) after a ~260-token code prompt,
+  rewound before every call, for each path in turn within every repetition; medians;
+* agreement: for each ``n``, the logits of the two paths over the same tokens, per
+  position: argmax agreement and the total variation between the softmaxes (T = 1), and
+  for scale the same figures between the one-token path (n = 1, unchanged by the patch)
+  and each batched path at the first position. Where ``n`` exceeds ``--small-m`` both
+  settings run the tile path, so their agreement says nothing and is marked so.
+
+Usage (llama-cpp-python built with the patch, i.e. after ``scripts/install.sh``)::
+
+    python benchmarks/verify_kernel.py --target qwen2.5-coder-1.5b-instruct \\
+        --repeats 9 --out benchmarks/results/verify_kernel.json
+
+Only meaningful on a CPU with AMX and a Q4_0 target (weights auto picks it there); on
+other CPUs both settings run the same kernels and the script says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nsd.backends.llama_cpp import LlamaCppBackend
+from nsd.errors import NSDError
+from nsd.machine import cpu_description
+from nsd.models.loader import BackendOptions, load_backend, load_tokenizer
+
+NS = (1, 2, 3, 5, 9, 17)
+PATHS = {"amx tiles": "0", "vnni small-batch": "8"}
+PROMPT = (
+    "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Record:\n"
+    "    sku: str\n    name: str\n    quantity: int\n    unit_price: float\n\n"
+    "    @property\n    def total(self) -> float:\n        return self.quantity * self.unit_price\n\n\n"
+    "def load_records(path: str) -> list[Record]:\n    with open(path) as f:\n"
+    "        rows = json.load(f)\n    return [Record(**row) for row in rows]\n\n\n"
+    "def low_stock(records, threshold: int = 5):\n    return [r for r in records if r.quantity < threshold]\n\n\n"
+    "def summarize(records):\n    totals = [r.total for r in records]\n"
+    "    return {'count': len(totals), 'value': sum(totals), 'max': max(totals, default=0.0)}\n\n\n"
+    "class Inventory:\n    \"\"\"Records by SKU, with the few queries the reports need.\"\"\"\n\n"
+    "    def __init__(self, records):\n        self.by_sku = {r.sku: r for r in records}\n\n"
+    "    def restock(self, sku: str, amount: int) -> None:\n"
+)
+
+
+def _set_path(value: str) -> None:
+    os.environ["GGML_AMX_SMALL_M"] = value  # os.environ writes through to the C environment
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x.double(), dim=-1)
+
+
+def _agreement(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    tv = 0.5 * (_softmax(a) - _softmax(b)).abs().sum(-1)
+    return {"argmax_agree": float((a.argmax(-1) == b.argmax(-1)).double().mean()),
+            "tv_max": float(tv.max()), "tv_mean": float(tv.mean()),
+            "max_abs_logit": float((a - b).abs().max())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--weights", default="q4_0", help="the patch covers Q4_0 (default)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--gguf", default=None,
+                    help="measure this GGUF file instead (same tokenizer as --target)")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--small-m", type=int, default=8,
+                    help="GGML_AMX_SMALL_M of the small-batch side (default: the patch's own 8)")
+    ap.add_argument("--ns", default=",".join(map(str, NS)),
+                    help="comma-separated token counts n, starting with 1 (default: %(default)s)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    try:
+        ns = tuple(int(x) for x in args.ns.split(","))
+    except ValueError:
+        ap.error(f"--ns takes comma-separated integers, got {args.ns!r}")
+    if ns[0] != 1 or any(n < 1 for n in ns) or list(ns) != sorted(set(ns)):
+        ap.error("--ns must start with 1 and increase")
+    try:
+        loaded = load_backend(args.target, BackendOptions(weights=args.weights, threads=args.threads))
+        prompt = load_tokenizer(loaded.tokenizer_dir)(PROMPT)["input_ids"]
+        if args.gguf:
+            loaded.backend.close()
+            loaded.backend, loaded.file, loaded.weights = (
+                LlamaCppBackend(Path(args.gguf), n_threads=args.threads), args.gguf, "given file")
+    except NSDError as exc:
+        print(f"verify_kernel: {exc}", file=sys.stderr)
+        return 2
+    backend: LlamaCppBackend = loaded.backend
+    backend.reset()
+    last = backend.forward(prompt, all_logits=False)[-1]
+    cont = []
+    for _ in range(max(ns)):  # realistic ids: the model's own greedy continuation
+        cont.append(int(last.argmax()))
+        last = backend.forward([cont[-1]])[-1]
+    backend.rewind(len(prompt))
+
+    PATHS["vnni small-batch"] = str(args.small_m)
+    times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in ns} for p in PATHS}
+    logits: dict[str, dict[int, torch.Tensor]] = {p: {} for p in PATHS}
+    for rep in range(args.repeats + 1):  # the first round warms up and is not timed
+        for n in ns:
+            for name, value in PATHS.items():
+                _set_path(value)
+                t0 = time.perf_counter()
+                out = backend.forward(cont[:n])
+                dt = time.perf_counter() - t0
+                backend.rewind(len(prompt))
+                if rep == 0:
+                    logits[name][n] = out.clone()
+                else:
+                    times[name][n].append(dt)
+    os.environ.pop("GGML_AMX_SMALL_M", None)
+    result: dict = {"cpu": cpu_description(), "file": loaded.file, "weights": loaded.weights,
+                    "threads": backend.n_threads, "prompt_tokens": len(prompt),
+                    "repeats": args.repeats, "buffers": list(backend.weight_buffers),
+                    "paths": {}, "agreement": {}}
+    for name in PATHS:
+        med = {n: statistics.median(times[name][n]) for n in ns}
+        result["paths"][name] = {"c_ms": {n: 1000 * med[n] for n in ns},
+                                 "ratio": {n: med[n] / med[1] for n in ns}}
+    one = {name: logits[name][1] for name in PATHS}
+    for n in ns[1:]:
+        a, b = logits["amx tiles"][n], logits["vnni small-batch"][n]
+        result["agreement"][n] = {"vnni vs amx": _agreement(a, b), "same path": n > args.small_m}
+    # Scale: the one-token path against each batched path at the first position, at the
+    # largest n that the small-batch setting sends down its own path.
+    n_cmp = max([n for n in ns[1:] if n <= args.small_m] or [ns[-1]])
+    result["agreement"][f"first position of n={n_cmp} vs one-token step"] = {
+        name: _agreement(logits[name][n_cmp][:1], one[name]) for name in PATHS}
+    print(f"CPU: {result['cpu']}; {backend.n_threads} threads; weight buffers: {result['buffers']}")
+    print("n  " + "  ".join(f"{name:>24}" for name in PATHS))
+    for n in ns:
+        cells = [f"{result['paths'][p]['c_ms'][n]:8.1f} ms ({result['paths'][p]['ratio'][n]:.2f}x)" for p in PATHS]
+        print(f"{n:<3}" + "  ".join(f"{c:>24}" for c in cells))
+    for n in ns[1:]:
+        g = result["agreement"][n]["vnni vs amx"]
+        same = " (same path: n > --small-m)" if n > args.small_m else ""
+        print(f"n={n}: argmax agree {g['argmax_agree']:.3f}, TV max {g['tv_max']:.4f} "
+              f"mean {g['tv_mean']:.4f}, max |dlogit| {g['max_abs_logit']:.3f}{same}")
+    if args.out:
+        path = Path(args.out)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1, default=str))
+        tmp.replace(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
