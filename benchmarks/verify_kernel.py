@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     times[name][n].append(dt)
     os.environ.pop("GGML_AMX_SMALL_M", None)
-    result: dict = {"cpu": cpu_description(), "file": loaded.file, "weights": loaded.weights,
+    result: dict = {"cpu": cpu_description(), "file": Path(loaded.file).name, "weights": loaded.weights,
                     "threads": backend.n_threads, "prompt_tokens": len(prompt),
                     "repeats": args.repeats, "buffers": list(backend.weight_buffers),
                     "paths": {}, "agreement": {}}
