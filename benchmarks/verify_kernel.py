@@ -1,10 +1,11 @@
 """The target's verification forward with and without the small-batch VNNI path (AMX CPUs).
 
-``scripts/patches/ggml-amx-small-batch.patch`` gives ggml's AMX backend a second path for
+``scripts/patches/ggml-amx-vnni-small-batch.patch`` gives ggml's AMX backend a second path for
 Q4_0 weights: batches of up to ``GGML_AMX_SMALL_M`` rows (default 7) go through an AVX-512
 VNNI kernel that unpacks each weight block once for a group of up to 4 rows, instead of
-the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-token steps. The patched library reads ``GGML_AMX_SMALL_M`` on
-every matmul, so this script measures both paths in one process, interleaved:
+the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-token steps.
+The patched library reads ``GGML_AMX_SMALL_M`` on every matmul, so this script measures
+both paths in one process, interleaved:
 
 * ``c(n)``: one forward of ``n`` new tokens (all logits) after a ~260-token code prompt,
   rewound before every call, for each path in turn within every repetition; medians;
@@ -41,7 +42,7 @@ from nsd.machine import cpu_description
 from nsd.models.loader import BackendOptions, load_backend, load_tokenizer
 
 NS = (1, 2, 3, 5, 9, 17)
-PATHS = {"amx tiles": "0", "vnni small-batch": "8"}
+PATCH_SMALL_M = 7  # the patch's default GGML_AMX_SMALL_M
 PROMPT = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Record:\n"
     "    sku: str\n    name: str\n    quantity: int\n    unit_price: float\n\n"
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default=None,
                     help="measure this GGUF file instead (same tokenizer as --target)")
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--small-m", type=int, default=8,
-                    help="GGML_AMX_SMALL_M of the small-batch side (default: the patch's own 8)")
+    ap.add_argument("--small-m", type=int, default=PATCH_SMALL_M,
+                    help="GGML_AMX_SMALL_M of the small-batch side (default: the patch's own %(default)s)")
     ap.add_argument("--ns", default=",".join(map(str, NS)),
                     help="comma-separated token counts n, starting with 1 (default: %(default)s)")
     ap.add_argument("--out", default=None)
@@ -111,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         last = backend.forward([cont[-1]])[-1]
     backend.rewind(len(prompt))
 
-    PATHS["vnni small-batch"] = str(args.small_m)
-    times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in ns} for p in PATHS}
-    logits: dict[str, dict[int, torch.Tensor]] = {p: {} for p in PATHS}
+    paths = {"amx tiles": "0", "vnni small-batch": str(args.small_m)}
+    times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in ns} for p in paths}
+    logits: dict[str, dict[int, torch.Tensor]] = {p: {} for p in paths}
     for rep in range(args.repeats + 1):  # the first round warms up and is not timed
         for n in ns:
-            for name, value in PATHS.items():
+            for name, value in paths.items():
                 _set_path(value)
                 t0 = time.perf_counter()
                 out = backend.forward(cont[:n])
@@ -131,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": backend.n_threads, "prompt_tokens": len(prompt),
                     "repeats": args.repeats, "buffers": list(backend.weight_buffers),
                     "paths": {}, "agreement": {}}
-    for name in PATHS:
+    for name in paths:
         med = {n: statistics.median(times[name][n]) for n in ns}
         result["paths"][name] = {"c_ms": {n: 1000 * med[n] for n in ns},
                                  "ratio": {n: med[n] / med[1] for n in ns}}
-    one = {name: logits[name][1] for name in PATHS}
+    one = {name: logits[name][1] for name in paths}
     for n in ns[1:]:
         a, b = logits["amx tiles"][n], logits["vnni small-batch"][n]
         result["agreement"][n] = {"vnni vs amx": _agreement(a, b), "same path": n > args.small_m}
@@ -143,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     # largest n that the small-batch setting sends down its own path.
     n_cmp = max([n for n in ns[1:] if n <= args.small_m] or [ns[-1]])
     result["agreement"][f"first position of n={n_cmp} vs one-token step"] = {
-        name: _agreement(logits[name][n_cmp][:1], one[name]) for name in PATHS}
+        name: _agreement(logits[name][n_cmp][:1], one[name]) for name in paths}
     print(f"CPU: {result['cpu']}; {backend.n_threads} threads; weight buffers: {result['buffers']}")
-    print("n  " + "  ".join(f"{name:>24}" for name in PATHS))
+    if "AMX" not in result["buffers"]:
+        print("no AMX weight buffers: both settings ran the same kernels", file=sys.stderr)
+    print("n  " + "  ".join(f"{name:>24}" for name in paths))
     for n in ns:
-        cells = [f"{result['paths'][p]['c_ms'][n]:8.1f} ms ({result['paths'][p]['ratio'][n]:.2f}x)" for p in PATHS]
+        cells = [f"{result['paths'][p]['c_ms'][n]:8.1f} ms ({result['paths'][p]['ratio'][n]:.2f}x)" for p in paths]
         print(f"{n:<3}" + "  ".join(f"{c:>24}" for c in cells))
     for n in ns[1:]:
         g = result["agreement"][n]["vnni vs amx"]

@@ -34,18 +34,23 @@ REPEATS = 5
 COMPARE_REPEATS = 9  # side-by-side c(1) of several files: the pick hinges on a few percent
 
 
+def llama_library_files() -> list[Path]:
+    """The shared libraries llama-cpp-python loaded (its own ``lib`` folder, or the one
+    ``LLAMA_CPP_LIB_PATH`` names), symlinks left out."""
+    from llama_cpp import llama_cpp as lib
+
+    return [p for p in sorted(Path(lib._base_path).iterdir()) if p.is_file() and not p.is_symlink()]
+
+
 @functools.lru_cache(maxsize=1)
 def llama_build_id() -> str:
     """A digest of the llama.cpp shared libraries in use: the same llama-cpp-python version
     built with another patch or other CPU flags runs other kernels, so its step costs must
     not be read from a calibration measured with the old build."""
-    from llama_cpp import llama_cpp as lib
-
     digest = hashlib.sha256()
-    for path in sorted(Path(lib._base_path).iterdir()):
-        if path.is_file() and not path.is_symlink():
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for path in llama_library_files():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

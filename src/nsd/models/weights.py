@@ -28,6 +28,7 @@ import ctypes
 import hashlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from nsd.errors import NSDError
@@ -35,12 +36,17 @@ from nsd.models.markers import ensure_artefact
 
 WEIGHT_CHOICES = ("auto", "original", "q4_0", "q8_0")
 DERIVED_FORMATS = ("q4_0", "q8_0")
-# llama.cpp's llama_ftype values (llama.h): LLAMA_FTYPE_MOSTLY_Q4_0 and _Q8_0.
-_FTYPES = {"q4_0": 2, "q8_0": 7}
 _GGML_TYPE_Q8_0 = 8  # ggml.h's enum ggml_type
-# format -> (file tag, output-head type or None for the quantizer's default)
-_RECIPES: dict[str, tuple[str, int | None]] = {"q4_0": ("q4_0-q8head", _GGML_TYPE_Q8_0),
-                                               "q8_0": ("q8_0", None)}
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    tag: str  # names the file: a new recipe gets a new tag
+    ftype: int  # llama.h's llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 = 2, _Q8_0 = 7
+    head: int | None = None  # ggml_type of the output head; None: the quantizer's default
+
+
+_RECIPES = {"q4_0": _Recipe("q4_0-q8head", 2, _GGML_TYPE_Q8_0), "q8_0": _Recipe("q8_0", 7)}
 
 
 def check_weights(choice: str) -> str:
@@ -59,7 +65,7 @@ def _derived_dir(source: Path) -> Path:
 
 def derived_path(source: Path, fmt: str) -> Path:
     """Where the ``fmt`` copy of ``source`` lives (whether or not it exists yet)."""
-    return _derived_dir(source) / f"{source.stem}.{_RECIPES[fmt][0]}.gguf"
+    return _derived_dir(source) / f"{source.stem}.{_RECIPES[fmt].tag}.gguf"
 
 
 def gguf_for(source: Path, fmt: str, threads: int | None = None) -> Path:
@@ -79,10 +85,10 @@ def _quantize(source: Path, out: Path, fmt: str, threads: int | None) -> None:
     lib = _import_llama_cpp()
     print(f"nsd: deriving {fmt.upper()} weights from {source.name} (once; cached)", file=sys.stderr)
     params = lib.llama_model_quantize_default_params()
-    params.ftype = _FTYPES[fmt]
-    head = _RECIPES[fmt][1]
-    if head is not None:
-        params.output_tensor_type = head
+    recipe = _RECIPES[fmt]
+    params.ftype = recipe.ftype
+    if recipe.head is not None:
+        params.output_tensor_type = recipe.head
     params.allow_requantize = True  # the source is itself quantized (e.g. Q4_K_M)
     params.nthread = threads or (os.cpu_count() or 1)
     status = lib.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
