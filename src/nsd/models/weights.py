@@ -12,9 +12,9 @@ Cache layout (under the nsd cache root)::
 
 ``tag`` names the recipe: ``q8_0``, and ``q4_0-q8head`` for Q4_0 with a Q8_0 output head
 (llama.cpp's quantizer would give the head Q6_K where its rows allow, and on an AMX
-Sapphire Rapids a Q6_K head made every Q4_0 step of Qwen2.5-Coder-1.5B about 11 ms, a
-fifth, slower than a Q8_0 one: 50.9 against 39.4 ms for one token, side by side; Q8_0
-also rounds the head less). A new recipe gets a new tag, so a file of the old one is
+Sapphire Rapids a Q6_K head made every Q4_0 step of Qwen2.5-Coder-1.5B 8-17 ms slower than
+a Q8_0 one: 50.0 against 42.5 ms for one token, side by side, benchmarks/head_format.py;
+Q8_0 also rounds the head less). A new recipe gets a new tag, so a file of the old one is
 never taken for it.
 
 ``key`` hashes the source's path, size and modification time, so an edited source gets
