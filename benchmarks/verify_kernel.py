@@ -1,10 +1,20 @@
-"""The target's verification forward with and without the small-batch VNNI path (AMX CPUs).
+"""The target's verification forward with and without nsd's small-batch kernels.
 
-``scripts/patches/ggml-amx-vnni-small-batch.patch`` gives ggml's AMX backend a second path for
-Q4_0 weights: batches of up to ``GGML_AMX_SMALL_M`` rows (default 7) go through an AVX-512
+Two patches give ggml a small-batch path, and ``--kernel`` picks which one to measure:
+
+* ``--kernel amx`` (AMX CPUs): ``scripts/patches/ggml-amx-vnni-small-batch.patch`` gives ggml's AMX backend a second path for
+Q4_0 weights: batches of up to ``GGML_AMX_SMALL_M`` rows (default 10) go through an AVX-512
 VNNI kernel that unpacks each weight block once for a group of up to 4 rows, instead of
 the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-token steps.
-The patched library reads ``GGML_AMX_SMALL_M`` on every matmul, so this script measures
+* ``--kernel vnni`` (any CPU with AVX-512 VNNI): ``scripts/patches/ggml-vnni-small-batch.patch``
+  gives ggml's repacked Q4_0 layout (the path of every x86 CPU without AMX) and plain Q8_0
+  weights (the output head of nsd's Q4_0 files) kernels that read each weight block once
+  for 1..``GGML_VNNI_SMALL_M`` rows (default 16), instead of one pass per 4 rows plus one
+  per remaining row. On an AMX CPU the script sets
+  ``GGML_NO_AMX=1`` (before llama.cpp loads), so the weights take the repacked layout a
+  CPU without AMX would use: the same kernels, this machine's memory.
+
+The patched library reads the ``*_SMALL_M`` variable on every matmul, so this script measures
 both paths in one process, interleaved:
 
 * ``c(n)``: one forward of ``n`` new tokens (all logits) after a ~260-token code prompt,
@@ -42,7 +52,12 @@ from nsd.machine import cpu_description
 from nsd.models.loader import BackendOptions, load_backend, load_tokenizer
 
 NS = (1, 2, 3, 5, 9, 17)
-PATCH_SMALL_M = 7  # the patch's default GGML_AMX_SMALL_M
+# The two kernels: the variable each reads, its default (the patch's), and the name of each
+# side of the comparison (variable 0 = ggml's own path).
+KERNELS = {
+    "amx": ("GGML_AMX_SMALL_M", 10, ("amx tiles", "vnni small-batch")),
+    "vnni": ("GGML_VNNI_SMALL_M", 16, ("ggml", "vnni small-batch")),
+}
 PROMPT = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Record:\n"
     "    sku: str\n    name: str\n    quantity: int\n    unit_price: float\n\n"
@@ -58,8 +73,8 @@ PROMPT = (
 )
 
 
-def _set_path(value: str) -> None:
-    os.environ["GGML_AMX_SMALL_M"] = value  # os.environ writes through to the C environment
+def _set_path(variable: str, value: str) -> None:
+    os.environ[variable] = value  # os.environ writes through to the C environment
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -81,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default=None,
                     help="measure this GGUF file instead (same tokenizer as --target)")
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--small-m", type=int, default=PATCH_SMALL_M,
-                    help="GGML_AMX_SMALL_M of the small-batch side (default: the patch's own %(default)s)")
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="amx",
+                    help="which small-batch path to measure against ggml's own (default: %(default)s)")
+    ap.add_argument("--small-m", type=int, default=None,
+                    help="the *_SMALL_M value of the small-batch side (default: the patch's own, "
+                         + ", ".join(f"{k} {v[1]}" for k, v in KERNELS.items()) + ")")
     ap.add_argument("--ns", default=",".join(map(str, NS)),
                     help="comma-separated token counts n, starting with 1 (default: %(default)s)")
     ap.add_argument("--out", default=None)
@@ -93,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--ns takes comma-separated integers, got {args.ns!r}")
     if ns[0] != 1 or any(n < 1 for n in ns) or list(ns) != sorted(set(ns)):
         ap.error("--ns must start with 1 and increase")
+    variable, default_m, names = KERNELS[args.kernel]
+    small_m = default_m if args.small_m is None else args.small_m
+    if small_m < 1:
+        ap.error("--small-m must be at least 1")
+    if args.kernel == "vnni":
+        os.environ["GGML_NO_AMX"] = "1"  # read once, when llama.cpp lists its weight layouts
     try:
         loaded = load_backend(args.target, BackendOptions(weights=args.weights, threads=args.threads))
         prompt = load_tokenizer(loaded.tokenizer_dir)(PROMPT)["input_ids"]
@@ -112,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         last = backend.forward([cont[-1]])[-1]
     backend.rewind(len(prompt))
 
-    paths = {"amx tiles": "0", "vnni small-batch": str(args.small_m)}
+    ours, theirs = names[1], names[0]
+    paths = {theirs: "0", ours: str(small_m)}
     times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in ns} for p in paths}
     logits: dict[str, dict[int, torch.Tensor]] = {p: {} for p in paths}
     for rep in range(args.repeats + 1):  # the first round warms up and is not timed
         for n in ns:
             for name, value in paths.items():
-                _set_path(value)
+                _set_path(variable, value)
                 t0 = time.perf_counter()
                 out = backend.forward(cont[:n])
                 dt = time.perf_counter() - t0
@@ -127,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                     logits[name][n] = out.clone()
                 else:
                     times[name][n].append(dt)
-    os.environ.pop("GGML_AMX_SMALL_M", None)
-    result: dict = {"cpu": cpu_description(), "file": Path(loaded.file).name, "weights": loaded.weights,
+    os.environ.pop(variable, None)
+    result: dict = {"kernel": args.kernel, "small_m": small_m, "cpu": cpu_description(),
+                    "file": Path(loaded.file).name, "weights": loaded.weights,
                     "threads": backend.n_threads, "prompt_tokens": len(prompt),
                     "repeats": args.repeats, "buffers": list(backend.weight_buffers),
                     "paths": {}, "agreement": {}}
@@ -138,23 +164,24 @@ def main(argv: list[str] | None = None) -> int:
                                  "ratio": {n: med[n] / med[1] for n in ns}}
     one = {name: logits[name][1] for name in paths}
     for n in ns[1:]:
-        a, b = logits["amx tiles"][n], logits["vnni small-batch"][n]
-        result["agreement"][n] = {"vnni vs amx": _agreement(a, b), "same path": n > args.small_m}
+        a, b = logits[theirs][n], logits[ours][n]
+        result["agreement"][n] = {"new vs old": _agreement(a, b), "same path": n > small_m}
     # Scale: the one-token path against each batched path at the first position, at the
     # largest n that the small-batch setting sends down its own path.
-    n_cmp = max([n for n in ns[1:] if n <= args.small_m] or [ns[-1]])
+    n_cmp = max([n for n in ns[1:] if n <= small_m] or [ns[-1]])
     result["agreement"][f"first position of n={n_cmp} vs one-token step"] = {
         name: _agreement(logits[name][n_cmp][:1], one[name]) for name in paths}
     print(f"CPU: {result['cpu']}; {backend.n_threads} threads; weight buffers: {result['buffers']}")
-    if "AMX" not in result["buffers"]:
-        print("no AMX weight buffers: both settings ran the same kernels", file=sys.stderr)
+    wanted = "AMX" if args.kernel == "amx" else "CPU_REPACK"  # the Q8_0 head has no buffer of its own
+    if wanted not in result["buffers"]:
+        print(f"no {wanted} weight buffers: both settings ran the same kernels", file=sys.stderr)
     print("n  " + "  ".join(f"{name:>24}" for name in paths))
     for n in ns:
         cells = [f"{result['paths'][p]['c_ms'][n]:8.1f} ms ({result['paths'][p]['ratio'][n]:.2f}x)" for p in paths]
         print(f"{n:<3}" + "  ".join(f"{c:>24}" for c in cells))
     for n in ns[1:]:
-        g = result["agreement"][n]["vnni vs amx"]
-        same = " (same path: n > --small-m)" if n > args.small_m else ""
+        g = result["agreement"][n]["new vs old"]
+        same = " (same path: n > --small-m)" if n > small_m else ""
         print(f"n={n}: argmax agree {g['argmax_agree']:.3f}, TV max {g['tv_max']:.4f} "
               f"mean {g['tv_mean']:.4f}, max |dlogit| {g['max_abs_logit']:.3f}{same}")
     if args.out:

@@ -261,7 +261,7 @@ def _library_has(marker: bytes) -> bool:
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU reports no AMX: the small-batch path is part "
                     "of ggml's AMX backend, which scripts/install.sh does not build here")
 def test_small_batch_vnni_path_matches_the_amx_tile_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """scripts/patches/ggml-amx-vnni-small-batch.patch sends Q4_0 matmuls over 2..7 tokens
+    """scripts/patches/ggml-amx-vnni-small-batch.patch sends Q4_0 matmuls over 2..10 tokens
     (``GGML_AMX_SMALL_M``, read on every call) to a VNNI kernel instead of the AMX tiles.
     Both compute the same int32 dot product per 32-weight block and scale it the same way,
     so the logits should agree to float rounding: on Qwen2.5-Coder-1.5B Q4_0 they were
@@ -275,19 +275,96 @@ def test_small_batch_vnni_path_matches_the_amx_tile_path(monkeypatch: pytest.Mon
     with LlamaCppBackend(gguf_for(_model_path(), "q4_0"), n_threads=2, n_ctx=N_CTX) as b:
         assert "AMX" in b.weight_buffers, b.weight_buffers
         b.forward(PROMPT[:40])
-        for n in (2, 3, 4, 5, 7):
+        for n in (2, 3, 4, 5, 7, 10):
             out = {}
-            for value in ("0", "7"):  # 0: the tile path for every batch
+            for value in ("0", "10"):  # 0: the tile path for every batch
                 monkeypatch.setenv("GGML_AMX_SMALL_M", value)
                 out[value] = b.forward(DRAFT[:n])
                 b.rewind(40)
-            tiles, vnni = out["0"], out["7"]
+            tiles, vnni = out["0"], out["10"]
             assert torch.isfinite(vnni).all()
             assert torch.equal(tiles.argmax(-1), vnni.argmax(-1)), n
             assert float((tiles - vnni).abs().max()) <= 1e-3, (n, float((tiles - vnni).abs().max()))
             # Non-vacuous: the rows differ from one another, so a kernel that wrote one row
             # everywhere (or nothing) would not pass.
             assert float((vnni[0] - vnni[-1]).abs().max()) > 1.0
+
+
+HAS_AVX512_VNNI = {"avx512f", "avx512bw", "avx512dq", "avx512_vnni"} <= _cpu_flags()
+
+# Runs in a child process: GGML_NO_AMX is read once, when llama.cpp first lists its weight
+# layouts, which this test process has long done. Prints one JSON line.
+_VNNI_CHILD = r"""
+import json, os, sys
+import torch
+os.environ["GGML_NO_AMX"] = "1"
+from nsd.backends.llama_cpp import LlamaCppBackend
+path, prompt, draft = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+out = {}
+for layouts in ("repack", "plain"):  # plain: no repacked layouts, only the Q8_0 head differs
+    with LlamaCppBackend(path, n_threads=2, n_ctx=512, use_extra_bufts=layouts == "repack") as b:
+        out[layouts] = list(b.weight_buffers)
+        b.forward(prompt)
+        for n in (1, 2, 3, 5, 9, 16):
+            got = {}
+            for value in ("0", "16"):  # 0: ggml's own kernels for every batch
+                os.environ["GGML_VNNI_SMALL_M"] = value
+                got[value] = b.forward(draft[:n])
+                b.rewind(len(prompt))
+            torch.save(got, f"{sys.argv[4]}/{layouts}-{n}.pt")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not HAS_AVX512_VNNI, reason="this CPU reports no AVX-512 VNNI: ggml keeps its "
+                    "own kernels here (the small-batch patch compiles nothing)")
+def test_small_batch_vnni_kernels_match_ggmls_repack_and_q8_0_kernels(tmp_path: Path) -> None:
+    """scripts/patches/ggml-vnni-small-batch.patch sends products over 1..16 rows with
+    repacked Q4_0 weights (every x86 CPU without AMX) or Q8_0 weights (the output head of
+    nsd's Q4_0 files) to VNNI kernels that read each weight block once for all rows.
+    They compute the same int32 dot product per 32-weight block as ggml's kernels; only the
+    order of the float accumulation differs, and 30 layers amplify that: on SmolLM2 ggml's
+    own repack and plain kernels differ by 0.44 logits at one token, ours and ggml's by a
+    softmax total variation of 0.03-0.065 (Qwen2.5-Coder-1.5B: 0.019). So:
+
+    * whole model, repacked layouts: the AMX comparison's bounds (TV 0.15, argmax only at
+      near-ties). They catch a wrong unpack (checked: two activation quarters swapped gave
+      TV 0.997); a compensation off by one per block stays inside them (TV 0.079), which
+      is what the second check is for;
+    * the Q8_0 head alone (no repacked layouts, so nothing upstream differs): logits within
+      1e-3. Measured 2.7e-5; its compensation off by one gave 0.065 (checked).
+
+    SmolLM2's Q4_0 copy keeps a Q8_0 head, so both kernels run; with AMX left out
+    (GGML_NO_AMX=1) this runs on AMX machines as on CPUs without AMX."""
+    import json
+    import subprocess
+    import sys
+
+    from nsd.models.weights import gguf_for
+
+    assert _library_has(b"GGML_VNNI_SMALL_M"), "the installed llama.cpp lacks the small-batch patch"
+    draft = [(i * 104729) % 40000 + 100 for i in range(16)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _VNNI_CHILD, str(gguf_for(_model_path(), "q4_0")),
+         json.dumps(PROMPT[:40]), json.dumps(draft), str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "CPU_REPACK" in info["repack"] and "AMX" not in info["repack"], info
+    assert info["plain"] == ["CPU_Mapped"], info
+    for n in (1, 2, 3, 5, 9, 16):
+        got = torch.load(tmp_path / f"repack-{n}.pt")
+        ggml, vnni = got["0"], got["16"]
+        assert vnni.shape == (n, ggml.shape[1])
+        assert amx_disagreement(vnni, ggml) is None, (n, amx_disagreement(vnni, ggml))
+        # Non-vacuous: the two paths did run different kernels (their float sums differ),
+        # and the rows differ from one another, so one row written everywhere would fail.
+        assert not torch.equal(vnni, ggml), n
+        if n > 1:
+            assert float((vnni[0] - vnni[-1]).abs().max()) > 1.0
+        head = torch.load(tmp_path / f"plain-{n}.pt")
+        gap = float((head["0"] - head["16"]).abs().max())
+        assert 0 < gap <= 1e-3, (n, gap)
 
 
 def test_llama_generate_peer_prefills_every_prompt_in_full(gguf: Path) -> None:
@@ -365,3 +442,24 @@ def test_generation_after_a_reused_prefix_agrees_with_a_cold_one(gguf: Path) -> 
     assert cold_stats.cached_prompt_tokens == 0
     agree = next((i for i, (a, b) in enumerate(zip(warm_out, cold_out)) if a != b), len(cold_out))
     assert agree >= 16, (agree, warm_out, cold_out)
+
+
+def test_calibration_key_names_the_weight_layouts_and_kernel_switches(
+        gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step costs measured with one set of kernels must not be reused for another: the
+    layouts llama.cpp chose and the patches' switches (GGML_NO_AMX, GGML_*_SMALL_M) are in
+    the calibration key, as the library build is."""
+    from nsd.calibrate import calibration_key
+
+    for name in ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN"):
+        monkeypatch.delenv(name, raising=False)
+    with LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as repack, \
+            LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX, use_extra_bufts=False) as plain:
+        keys = {"repack": calibration_key(repack, gguf, 4), "plain": calibration_key(plain, gguf, 4)}
+        monkeypatch.setenv("GGML_VNNI_SMALL_M", "0")
+        keys["switched"] = calibration_key(repack, gguf, 4)
+    assert "buffers=" in keys["repack"]["backend"]
+    if repack.weight_buffers != plain.weight_buffers:
+        assert keys["repack"] != keys["plain"]
+    assert keys["switched"] != keys["repack"]
+    assert keys["switched"]["backend"].endswith("GGML_VNNI_SMALL_M=0")

@@ -54,13 +54,24 @@ def llama_build_id() -> str:
     return digest.hexdigest()[:16]
 
 
+# Environment variables read by nsd's llama.cpp patches (scripts/patches/) that change
+# which kernels run.
+_KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN")
+
+
 def _backend_version(backend: ModelBackend) -> str:
     name = type(backend).__name__
     if name == "LlamaCppBackend":
         import llama_cpp
 
+        # The weight layouts llama.cpp chose (AMX, CPU_REPACK, ...) decide the kernels too:
+        # the same build runs other ones with GGML_NO_AMX=1 or use_extra_bufts off.
+        buffers = ",".join(getattr(backend, "weight_buffers", ()))
+        # ... and so do the patches' switches, which a user may set (benchmarks do).
+        switches = ",".join(f"{v}={os.environ[v]}" for v in _KERNEL_SWITCHES if v in os.environ)
         return (f"{name}/{llama_cpp.__version__}/build={llama_build_id()}"
-                f"/fa={getattr(backend, 'flash_attn', None)}")
+                f"/fa={getattr(backend, 'flash_attn', None)}/buffers={buffers}"
+                + (f"/{switches}" if switches else ""))
     import torch
 
     return f"{name}/torch-{torch.__version__}/{getattr(backend, 'dtype', '')}"

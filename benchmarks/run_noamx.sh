@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 22's end-to-end target on the path of an x86 CPU without AMX: NSD θ 0.9 against AR on
+# HumanEval (first 40) at T = 0, -k auto, with the small-batch VNNI kernels
+# (scripts/patches/ggml-vnni-small-batch.patch; run "humaneval-t0") and with ggml's own
+# kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"). On an AMX CPU, GGML_NO_AMX=1 leaves
+# ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX uses;
+# on a CPU without AMX the variable changes nothing. Resumable (each journal is continued).
+# Usage: bash benchmarks/run_noamx.sh [humaneval-t0] [humaneval-t0-ggml]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run() {
+    local out="$1"; shift
+    env GGML_NO_AMX=1 "$@" .venv/bin/nsd bench --target qwen2.5-coder-1.5b-instruct \
+        --draft qwen2.5-coder-0.5b-instruct --methods ar,sd,nsd --theta 0.9 --max-new-tokens 128 \
+        --no-progress --rerun-loaded --dataset humaneval --limit 40 --out "benchmarks/results/noamx/$out"
+}
+for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
+    for one in $r; do
+        case "$one" in
+            humaneval-t0) run humaneval-t0 ;;
+            humaneval-t0-ggml) run humaneval-t0-ggml GGML_VNNI_SMALL_M=0 ;;
+            *) echo "unknown run $one" >&2; exit 2 ;;
+        esac
+    done
+done
