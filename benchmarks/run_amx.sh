@@ -17,6 +17,9 @@ run() {
             --methods ar,sd,nsd --temperature 0.8 --top-p 0.95 --out benchmarks/results/amx/humaneval-t0.8 ;;
         spec-bench-t0.8) "$NSD" bench "${common[@]}" --dataset spec-bench --limit 1 --per-category \
             --methods ar,sd,nsd --temperature 0.8 --top-p 0.95 --out benchmarks/results/amx/spec-bench-t0.8 ;;
+        # The same HumanEval run after the AMX small-batch path got its prefetch (crossover 10).
+        humaneval-t0-prefetch) "$NSD" bench "${common[@]}" --dataset humaneval --limit 40 \
+            --methods ar,sd,nsd,llama-generate --out benchmarks/results/amx/humaneval-t0-prefetch ;;
         *) echo "unknown run $1" >&2; exit 2 ;;
     esac
 }

@@ -5,14 +5,16 @@
 # kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"). On an AMX CPU, GGML_NO_AMX=1 leaves
 # ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX uses;
 # on a CPU without AMX the variable changes nothing. Resumable (each journal is continued).
-# Usage: bash benchmarks/run_noamx.sh [humaneval-t0] [humaneval-t0-ggml]
+# Usage: [OUT_ROOT=dir] bash benchmarks/run_noamx.sh [humaneval-t0] [humaneval-t0-ggml]
+# OUT_ROOT (default benchmarks/results/noamx) keeps one CPU's runs apart from another's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+OUT_ROOT="${OUT_ROOT:-benchmarks/results/noamx}"
 run() {
     local out="$1"; shift
     env GGML_NO_AMX=1 "$@" .venv/bin/nsd bench --target qwen2.5-coder-1.5b-instruct \
         --draft qwen2.5-coder-0.5b-instruct --methods ar,sd,nsd --theta 0.9 --max-new-tokens 128 \
-        --no-progress --rerun-loaded --dataset humaneval --limit 40 --out "benchmarks/results/noamx/$out"
+        --no-progress --rerun-loaded --dataset humaneval --limit 40 --out "$OUT_ROOT/$out"
 }
 for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
     for one in $r; do

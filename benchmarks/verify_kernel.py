@@ -9,8 +9,9 @@ the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-tok
 * ``--kernel vnni`` (any CPU with AVX-512 VNNI): ``scripts/patches/ggml-vnni-small-batch.patch``
   gives ggml's repacked Q4_0 layout (the path of every x86 CPU without AMX) and plain Q8_0
   weights (the output head of nsd's Q4_0 files) kernels that read each weight block once
-  for 1..``GGML_VNNI_SMALL_M`` rows (default 16), instead of one pass per 4 rows plus one
-  per remaining row. On an AMX CPU the script sets
+  for a group of up to 16 rows, instead of one pass per 4 rows plus one per remaining row.
+  By default the Q4_0 kernel takes every batch (prompts too) and the Q8_0 kernel 1..16
+  rows; ``--small-m`` sets ``GGML_VNNI_SMALL_M``, which bounds both. On an AMX CPU the script sets
   ``GGML_NO_AMX=1`` (before llama.cpp loads), so the weights take the repacked layout a
   CPU without AMX would use: the same kernels, this machine's memory.
 
@@ -56,7 +57,7 @@ NS = (1, 2, 3, 5, 9, 17)
 # side of the comparison (variable 0 = ggml's own path).
 KERNELS = {
     "amx": ("GGML_AMX_SMALL_M", 10, ("amx tiles", "vnni small-batch")),
-    "vnni": ("GGML_VNNI_SMALL_M", 16, ("ggml", "vnni small-batch")),
+    "vnni": ("GGML_VNNI_SMALL_M", None, ("ggml", "vnni small-batch")),  # None: the patch's bounds
 }
 PROMPT = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Record:\n"
@@ -73,8 +74,17 @@ PROMPT = (
 )
 
 
-def _set_path(variable: str, value: str) -> None:
-    os.environ[variable] = value  # os.environ writes through to the C environment
+def _set_path(variable: str, value: str | None) -> None:
+    # os.environ writes through to the C environment; unset = the patch's default bounds
+    if value is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = value
+
+
+def _same(n: int, small_m: int | None) -> bool:
+    """Whether both settings run ggml's kernels at n tokens (n above an explicit bound)."""
+    return small_m is not None and n > small_m
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="which small-batch path to measure against ggml's own (default: %(default)s)")
     ap.add_argument("--small-m", type=int, default=None,
                     help="the *_SMALL_M value of the small-batch side (default: the patch's own, "
-                         + ", ".join(f"{k} {v[1]}" for k, v in KERNELS.items()) + ")")
+                         + ", ".join(f"{k} {v[1] or 'unset'}" for k, v in KERNELS.items()) + ")")
     ap.add_argument("--ns", default=",".join(map(str, NS)),
                     help="comma-separated token counts n, starting with 1 (default: %(default)s)")
     ap.add_argument("--out", default=None)
@@ -113,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--ns must start with 1 and increase")
     variable, default_m, names = KERNELS[args.kernel]
     small_m = default_m if args.small_m is None else args.small_m
-    if small_m < 1:
+    if small_m is not None and small_m < 1:
         ap.error("--small-m must be at least 1")
     if args.kernel == "vnni":
         os.environ["GGML_NO_AMX"] = "1"  # read once, when llama.cpp lists its weight layouts
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     backend.rewind(len(prompt))
 
     ours, theirs = names[1], names[0]
-    paths = {theirs: "0", ours: str(small_m)}
+    paths = {theirs: "0", ours: None if small_m is None else str(small_m)}
     times: dict[str, dict[int, list[float]]] = {p: {n: [] for n in ns} for p in paths}
     logits: dict[str, dict[int, torch.Tensor]] = {p: {} for p in paths}
     for rep in range(args.repeats + 1):  # the first round warms up and is not timed
@@ -165,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     one = {name: logits[name][1] for name in paths}
     for n in ns[1:]:
         a, b = logits[theirs][n], logits[ours][n]
-        result["agreement"][n] = {"new vs old": _agreement(a, b), "same path": n > small_m}
+        result["agreement"][n] = {"new vs old": _agreement(a, b), "same path": _same(n, small_m)}
     # Scale: the one-token path against each batched path at the first position, at the
     # largest n that the small-batch setting sends down its own path.
-    n_cmp = max([n for n in ns[1:] if n <= small_m] or [ns[-1]])
+    n_cmp = max([n for n in ns[1:] if not _same(n, small_m)] or [ns[-1]])
     result["agreement"][f"first position of n={n_cmp} vs one-token step"] = {
         name: _agreement(logits[name][n_cmp][:1], one[name]) for name in paths}
     print(f"CPU: {result['cpu']}; {backend.n_threads} threads; weight buffers: {result['buffers']}")
@@ -181,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:<3}" + "  ".join(f"{c:>24}" for c in cells))
     for n in ns[1:]:
         g = result["agreement"][n]["new vs old"]
-        same = " (same path: n > --small-m)" if n > small_m else ""
+        same = " (same path: n > --small-m)" if _same(n, small_m) else ""
         print(f"n={n}: argmax agree {g['argmax_agree']:.3f}, TV max {g['tv_max']:.4f} "
               f"mean {g['tv_mean']:.4f}, max |dlogit| {g['max_abs_logit']:.3f}{same}")
     if args.out:

@@ -97,3 +97,41 @@ def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, mo
 ])
 def test_pick_format_needs_a_derived_format_to_win_by_the_margin(costs, expected) -> None:
     assert pick_format(costs) == expected
+
+
+# Measured on an AMD EPYC (Zen 4, 2 cores): c(1) and c(5) seconds of the 1.5B target per
+# format (BENCHMARKS.md, "Verification kernel without AMX").
+ZEN4_C1 = {"original": 0.0321, "q4_0": 0.0353, "q8_0": 0.0741}
+ZEN4_C5 = {"original": 0.115, "q4_0": 0.049, "q8_0": 0.185}
+
+
+def test_a_verifying_target_is_picked_by_its_verification_too() -> None:
+    # One-token steps alone keep the original file (Q4_0 is 10% dearer there) ...
+    assert pick_format(ZEN4_C1) == "original"
+    # ... but as a target whose 5-token verification yields 2.3 tokens, Q4_0 makes a token
+    # for 21 ms against the original's 32 ms.
+    assert pick_format(ZEN4_C1, ZEN4_C5, tokens_per_pass=2.31) == "q4_0"
+    # Where verification does not pay for any file, the one-token step decides as before.
+    flat = {f: 10 * c for f, c in ZEN4_C1.items()}
+    assert pick_format(ZEN4_C1, flat, tokens_per_pass=2.31) == "original"
+    # The margin applies to the combined score: a derived file barely ahead is not taken.
+    assert pick_format(ZEN4_C1, {"original": 0.0700, "q4_0": 0.0680, "q8_0": 0.2},
+                       tokens_per_pass=2.31) == "original"
+
+
+def test_multi_token_comparisons_measure_that_many_tokens_and_cache_apart(
+        clock: Clock, tmp_path: Path, monkeypatch) -> None:
+    @contextlib.contextmanager
+    def measure():
+        yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
+
+    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    lm = TimedLM(clock, 0.010, cold=0)
+    one = calibrate.compare_step_costs({"original": (lm, f)}, quiet=True)
+    five = calibrate.compare_step_costs({"original": (lm, f)}, quiet=True, n_tokens=5)
+    assert one["original"] == pytest.approx(0.010)
+    assert five["original"] == pytest.approx(0.050)
+    assert len(list((tmp_path / "calibration").glob("compare-*.json"))) == 2

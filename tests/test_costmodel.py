@@ -281,3 +281,22 @@ def test_probes_that_are_all_accepted_bring_speculation_in_early() -> None:
         failing.observe(k, k, 0, 0.0, 0.0, 0.0)
         drafted.append(k > 0)
     assert sum(drafted) <= 5
+
+
+def test_no_probes_where_perfect_acceptance_is_only_a_few_percent_ahead() -> None:
+    """ggml's own kernels on Zen 4 (calibrated ms: the Q4_K_M target, the reduced 0.5B
+    draft): drafts that were always accepted would beat a plain step by ~3 % once the
+    draft's 94-token prompt is amortised over 128 tokens, so the policy probed; answers that
+    stopped after ~36 tokens never repaid the draft's prompt prefill (SD 0.81x AR). Within
+    probe_margin of a plain step, no block is drafted at all."""
+    costs = StepCosts(tuple(c / 1000 for c in (34.4, 54.2, 73.8, 90.0, 111.4, 131.0, 150.7, 210.6, 227.0)),
+                      draft=0.0113)
+    for margin, expect_probe in ((0.1, False), (0.0, True)):  # 0: the old rule probes here
+        policy = CostModelK(costs, AcceptanceTracker(8), k_max=8, probe_margin=margin)
+        policy.begin(94)
+        chosen = []
+        for i in range(128):
+            k = policy.next_k(128 - len(chosen))
+            policy.observe(k, k, k, 0.0, 0.0, 0.0)  # whatever is drafted is accepted
+            chosen.append(k)
+        assert any(k > 0 for k in chosen) == expect_probe, (margin, chosen[:10])

@@ -61,6 +61,11 @@ _KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGM
 
 def _backend_version(backend: ModelBackend) -> str:
     name = type(backend).__name__
+    inner = getattr(backend, "model", None)
+    if type(inner).__name__ == "LlamaCppBackend":
+        # A wrapper (the reduced draft's embedding input) runs the wrapped model's kernels:
+        # keyed by them, or costs measured with one build or switch were reused for another.
+        return f"{name}[{_backend_version(inner)}]"
     if name == "LlamaCppBackend":
         import llama_cpp
 
@@ -120,14 +125,14 @@ def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
 
 
 def measure_side_by_side(backends: Sequence[ModelBackend], context: int = CONTEXT_TOKENS,
-                         repeats: int = COMPARE_REPEATS) -> tuple[float, ...]:
-    """Median c(1) of each backend, measured round-robin with a rotating order.
+                         repeats: int = COMPARE_REPEATS, n_tokens: int = 1) -> tuple[float, ...]:
+    """Median c(n_tokens) of each backend, measured round-robin with a rotating order.
 
     Measuring one file after another biased the pick: the first one measured paid for a
     cold process (page faults in freshly mapped weights, clocks ramping), and on one
     machine that made the original file look 23% slower than it was. Round-robin visits
     put drift and warm-up on every candidate alike."""
-    ids = [_filler(b.vocab_size, context + 1) for b in backends]
+    ids = [_filler(b.vocab_size, context + n_tokens) for b in backends]
     for backend, seq in zip(backends, ids):
         _prime(backend, seq, context)
     samples: list[list[float]] = [[] for _ in backends]
@@ -144,23 +149,27 @@ def measure_side_by_side(backends: Sequence[ModelBackend], context: int = CONTEX
 
 
 def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.PathLike[str]]],
-                       refresh: bool = False, quiet: bool = False) -> dict[str, float]:
-    """c(1) seconds of each named (backend, file), measured side by side and cached like
-    :func:`calibrate` (keyed by every candidate's key; not cached when the machine is busy)."""
+                       refresh: bool = False, quiet: bool = False, n_tokens: int = 1) -> dict[str, float]:
+    """c(n_tokens) seconds (default: one-token steps) of each named (backend, file),
+    measured side by side and cached like :func:`calibrate` (keyed by every candidate's key;
+    not cached when the machine is busy)."""
     from nsd.load import LoadMonitor
 
     names = list(candidates)
     key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
            "repeats": COMPARE_REPEATS}
+    if n_tokens != 1:  # one-token comparisons keep the key they were cached under
+        key["n_tokens"] = n_tokens
     path = _cache_path("compare", key)
     cached = None if refresh else _read_cache(path, key)
     if cached is not None and set(cached) == set(names):
         return {n: float(cached[n]) for n in names}
     if not quiet:
-        print(f"nsd: comparing the step cost of {', '.join(names)} on this machine (once)",
+        what = "step" if n_tokens == 1 else f"{n_tokens}-token forward"
+        print(f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)",
               file=sys.stderr)
     with LoadMonitor().measure() as load:
-        measured = measure_side_by_side([candidates[n][0] for n in names])
+        measured = measure_side_by_side([candidates[n][0] for n in names], n_tokens=n_tokens)
     costs = dict(zip(names, measured))
     if not load.sample.flagged:
         _write_atomic(path, {"key": key, "costs": costs})
@@ -199,7 +208,7 @@ def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n
         "cpu": cpu_description(),
         "file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
         "backend": _backend_version(backend),
-        "threads": getattr(backend, "n_threads", None),
+        "threads": getattr(backend, "n_threads", getattr(getattr(backend, "model", None), "n_threads", None)),
         "n_max": n_max, "context": context,
     }
 

@@ -227,6 +227,9 @@ class CostModelK:
     # after 16 + 32 + 64 plain steps, past the end of most answers (NSD θ 0.9, accepting
     # ~0.95 per draft, took plain steps in 89 % of its passes on HumanEval).
     probe_after_hit: int = 4
+    # How much faster than a plain step a block of always-accepted drafts must be before
+    # any block is drafted on a guess (see plan()).
+    probe_margin: float = 0.1
     overhead_s: float = 0.0  # nsd's own work per speculative pass, if known
     chosen: list[int] = field(default_factory=list)
     predicted_tokens: float = 0.0
@@ -279,9 +282,16 @@ class CostModelK:
             return best_k(self.costs, alpha, k_cap, self.overhead_s, k_min=k_min,
                           surcharge_per_token=surcharge)
 
-        # Where even drafts that are always accepted cannot beat a plain step at today's
-        # costs, decode plainly: the draw below then picks 0 as well, and no probe is made.
-        hopeless = pick([1.0] * k_cap)[0] == 0
+        # Where even drafts that are always accepted cannot beat a plain step by
+        # probe_margin at today's costs, decode plainly and make no probe: a probe's best
+        # case must also cover what this model does not price. The catch-up is spread over
+        # the tokens up to max_new_tokens, but answers often stop long before (HumanEval:
+        # a median 36 of 128), and the first probe pays the draft's whole prompt. With
+        # ggml's own kernels on Zen 4 the best case was 3 % ahead; probing there anyway
+        # ran SD at 0.81x AR, the draft's prompt prefills making the difference.
+        k_best, best_tokens, best_seconds = pick([1.0] * k_cap)
+        hopeless = k_best == 0 or (best_tokens / best_seconds
+                                   < (1.0 + self.probe_margin) / self.costs.target_cost(1))
         alpha = self.tracker.sample(self._rng)
         # A draw may choose a block only where the posterior mean would too (it then tunes
         # k, or falls back to a plain step). Letting a draw speculate where the mean would

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Generator, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
+from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.errors import NSDError
 from nsd.decode import TokenLogprob
@@ -30,6 +30,11 @@ CHAT_ROLES = ("system", "user", "assistant")
 # it covers whole).
 PROPOSERS = ("draft", "ngram", "hybrid")
 _NEEDS_DRAFT = ("draft", "hybrid")
+
+
+# The draft length at which --weights auto prices a target's verification forward (k = 4,
+# the fixed k nsd's benchmarks use; -k auto's blocks on CPUs are mostly 2-8).
+_PICK_K = 4
 
 
 class Engine:
@@ -57,7 +62,11 @@ class Engine:
         if proposer in _NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
-        self.target_model = load_backend(target, options, calibrate_n=k_max + 1)
+        # With --weights auto its file is chosen for verifying too: a block of
+        # _PICK_K drafts at the acceptance prior -k auto starts from.
+        prior = AcceptanceTracker(_PICK_K).prior
+        verify = (_PICK_K + 1, expected_tokens([prior] * _PICK_K, _PICK_K))
+        self.target_model = load_backend(target, options, calibrate_n=k_max + 1, verify=verify)
         self.target = self.target_model.backend
         self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)
         self.draft_model: LoadedModel | None = None

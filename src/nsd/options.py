@@ -192,7 +192,8 @@ BACKEND = _opts(
                 "on CUDA), or capture plain CUDA graphs (cudagraph; CUDA only)"),
     Option("weights", "auto", str, choices=WEIGHT_FORMATS,
            help="GGUF weight format: the file as given, a Q4_0/Q8_0 copy derived from it once, "
-                "or auto: the one with the cheapest step measured on this machine"),
+                "or auto: the one that makes a token cheapest on this machine (for the target: "
+                "by its one-token step and its share of a verification forward, both measured)"),
     Option("draft_weights", None, str, choices=WEIGHT_FORMATS, optional=True,
            help="weight format of the draft (default: as --weights)"),
     Option("draft_vocab", "auto", int, low=0, auto=True, metavar="N|auto",
