@@ -2,25 +2,32 @@
 # Issue 22's end-to-end target on the path of an x86 CPU without AMX: NSD θ 0.9 against AR on
 # HumanEval (first 40) at T = 0, -k auto, with the small-batch VNNI kernels
 # (scripts/patches/ggml-vnni-small-batch.patch; run "humaneval-t0") and with ggml's own
-# kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"). On an AMX CPU, GGML_NO_AMX=1 leaves
-# ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX uses;
-# on a CPU without AMX the variable changes nothing. Resumable (each journal is continued).
-# Usage: [OUT_ROOT=dir] bash benchmarks/run_noamx.sh [humaneval-t0] [humaneval-t0-ggml]
+# kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"); and Spec-Bench at T = 0 and 0.8
+# with the default kernels ("spec-bench-t0", "spec-bench-t0.8"). On an AMX CPU, GGML_NO_AMX=1
+# leaves ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX
+# uses; on a CPU without AMX the variable changes nothing. Resumable (each journal is
+# continued).
+# Usage: [OUT_ROOT=dir] bash benchmarks/run_noamx.sh [run...] (default: the two HumanEval runs)
 # OUT_ROOT (default benchmarks/results/noamx) keeps one CPU's runs apart from another's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_ROOT="${OUT_ROOT:-benchmarks/results/noamx}"
+# run OUT "ENV=VALUE ..." BENCH-ARGS...
 run() {
-    local out="$1"; shift
-    env GGML_NO_AMX=1 "$@" .venv/bin/nsd bench --target qwen2.5-coder-1.5b-instruct \
+    local out="$1" envs="$2"; shift 2
+    # shellcheck disable=SC2086  # envs: zero or more VAR=value words
+    env GGML_NO_AMX=1 $envs .venv/bin/nsd bench --target qwen2.5-coder-1.5b-instruct \
         --draft qwen2.5-coder-0.5b-instruct --methods ar,sd,nsd --theta 0.9 --max-new-tokens 128 \
-        --no-progress --rerun-loaded --dataset humaneval --limit 40 --out "$OUT_ROOT/$out"
+        --no-progress --rerun-loaded "$@" --out "$OUT_ROOT/$out"
 }
 for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
     for one in $r; do
         case "$one" in
-            humaneval-t0) run humaneval-t0 ;;
-            humaneval-t0-ggml) run humaneval-t0-ggml GGML_VNNI_SMALL_M=0 ;;
+            humaneval-t0) run humaneval-t0 "" --dataset humaneval --limit 40 ;;
+            humaneval-t0-ggml) run humaneval-t0-ggml GGML_VNNI_SMALL_M=0 --dataset humaneval --limit 40 ;;
+            spec-bench-t0) run spec-bench-t0 "" --dataset spec-bench --limit 3 --per-category ;;
+            spec-bench-t0.8) run spec-bench-t0.8 "" --dataset spec-bench --limit 1 --per-category \
+                --temperature 0.8 --top-p 0.95 ;;
             *) echo "unknown run $one" >&2; exit 2 ;;
         esac
     done
