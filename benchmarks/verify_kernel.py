@@ -31,8 +31,9 @@ Usage (llama-cpp-python built with the patch, i.e. after ``scripts/install.sh``)
     python benchmarks/verify_kernel.py --target qwen2.5-coder-1.5b-instruct \\
         --repeats 9 --out benchmarks/results/verify_kernel.json
 
-Only meaningful on a CPU with AMX and a Q4_0 target (weights auto picks it there); on
-other CPUs both settings run the same kernels and the script says so.
+``--kernel amx`` is only meaningful on a CPU with AMX, ``--kernel vnni`` on one with
+AVX-512 VNNI (with or without AMX); elsewhere both settings run the same kernels and the
+script says so.
 """
 
 from __future__ import annotations
