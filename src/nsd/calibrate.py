@@ -208,7 +208,7 @@ def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n
         "cpu": cpu_description(),
         "file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
         "backend": _backend_version(backend),
-        "threads": getattr(backend, "n_threads", getattr(getattr(backend, "model", None), "n_threads", None)),
+        "threads": getattr(backend, "n_threads", None),
         "n_max": n_max, "context": context,
     }
 

@@ -64,8 +64,7 @@ class Engine:
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         # With --weights auto its file is chosen for verifying too: a block of
         # _PICK_K drafts at the acceptance prior -k auto starts from.
-        prior = AcceptanceTracker(_PICK_K).prior
-        verify = (_PICK_K + 1, expected_tokens([prior] * _PICK_K, _PICK_K))
+        verify = (_PICK_K + 1, expected_tokens([AcceptanceTracker.prior] * _PICK_K, _PICK_K))
         self.target_model = load_backend(target, options, calibrate_n=k_max + 1, verify=verify)
         self.target = self.target_model.backend
         self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)

@@ -72,8 +72,6 @@ class LoadedModel:
     vocab_map: VocabMap | None = None
     calibration: Calibration | None = None
     candidates: dict[str, float] = field(default_factory=dict)  # format -> c(1) seconds
-    # format -> seconds of one verification forward (weights auto for a verifying target)
-    verify_candidates: dict[str, float] = field(default_factory=dict)
     source_file: str | None = None  # a reduced draft's full-vocabulary GGUF
     vocab_costs: dict[str, float] = field(default_factory=dict)  # full/reduced -> c(1) seconds
 
@@ -176,17 +174,15 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
         # Every format loaded at once (weights are memory-mapped) and measured side by side:
         # measuring them one after another let warm-up and drift decide the pick.
         loaded = {fmt: open_format(fmt) for fmt in ("original",) + DERIVED_FORMATS}
-        costs = compare_step_costs({fmt: (m.backend, m.file) for fmt, m in loaded.items()})
-        verify_costs = None
-        if verify is not None:
-            verify_costs = compare_step_costs({fmt: (m.backend, m.file) for fmt, m in loaded.items()},
-                                              n_tokens=verify[0])
+        candidates = {fmt: (m.backend, m.file) for fmt, m in loaded.items()}
+        costs = compare_step_costs(candidates)
+        verify_costs = None if verify is None else compare_step_costs(candidates, n_tokens=verify[0])
         pick = pick_format(costs, verify_costs, verify[1] if verify else 1.0)
         for fmt, m in loaded.items():
             if fmt != pick:
                 m.backend.close()
         best = loaded[pick]
-        best.candidates, best.verify_candidates = costs, verify_costs or {}
+        best.candidates = costs
         if auto_vocab:
             best = _reduce_where_cheaper(best, open_format)
         best.step_costs(calibrate_n)  # measured now, not inside the first timed generation
