@@ -135,3 +135,26 @@ def test_multi_token_comparisons_measure_that_many_tokens_and_cache_apart(
     assert one["original"] == pytest.approx(0.010)
     assert five["original"] == pytest.approx(0.050)
     assert len(list((tmp_path / "calibration").glob("compare-*.json"))) == 2
+
+
+class GraphLM(MockLM):
+    """A mock whose forward costs ``per_token`` per token plus ``rebuild`` whenever its
+    size differs from the previous forward's (llama.cpp reuses its graph only between
+    forwards of the same shape)."""
+
+    def __init__(self, clock: Clock, per_token: float, rebuild: float) -> None:
+        super().__init__(vocab_size=32)
+        self.clock, self.per_token, self.rebuild, self.last = clock, per_token, rebuild, None
+
+    def forward(self, tokens, all_logits=True):
+        self.clock.now += self.per_token * len(tokens) + (self.rebuild if len(tokens) != self.last else 0.0)
+        self.last = len(tokens)
+        return super().forward(tokens, all_logits)
+
+
+def test_one_token_steps_are_timed_as_plain_decoding_runs_them(clock: Clock) -> None:
+    # Plain decoding repeats one shape, so its steps reuse the graph; every verification
+    # follows a forward of another size. Timed in that order, c(1) carries no rebuild and
+    # every c(n >= 2) does.
+    costs = calibrate.measure(GraphLM(clock, 0.010, rebuild=0.003), 4, context=4, repeats=3)
+    assert costs == pytest.approx((0.010, 0.023, 0.033, 0.043))

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any, Generator, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens
+from nsd.costmodel import AcceptanceTracker, CostModelK, expected_tokens
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.errors import NSDError
 from nsd.decode import TokenLogprob
+from nsd.host_costs import HostCosts, host_costs, host_costs_key
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
@@ -212,11 +213,27 @@ class Engine:
             return None
         target_costs = self.target_model.step_costs(config.k_max + 1)
         draft_cost = 0.0
-        if self.proposer_kind in _NEEDS_DRAFT:
+        drafts = self.proposer_kind in _NEEDS_DRAFT
+        if drafts:
             draft_cost = self.draft_model.step_costs(1)[0]
+        costs = self._host_costs(config).apply(target_costs, draft_cost, draft_model=drafts)
         lookup = AcceptanceTracker(config.k_max) if self.proposer_kind == "hybrid" else None
-        return CostModelK(StepCosts(target_costs, draft_cost), AcceptanceTracker(config.k_max),
+        return CostModelK(costs, AcceptanceTracker(config.k_max),
                           config.k_max, seed=config.seed, lookup_tracker=lookup)
+
+    def _host_costs(self, config: DecodeConfig) -> HostCosts:
+        """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):
+        stored beside the step costs for models loaded from files; measured once per engine
+        otherwise, so repeated seeded calls choose alike."""
+        draft_vocab = None
+        if self.draft_vocab_map is not None and self.draft is not None:
+            draft_vocab = self.draft.vocab_size
+        args = (self.target.vocab_size, config.sampling, config.rule, config.k_max + 1, draft_vocab)
+        memo = self.__dict__.setdefault("_host_memo", {})
+        key = repr(host_costs_key(*args))
+        if key not in memo:
+            memo[key] = host_costs(*args, persist=self.target_model.file is not None)
+        return memo[key]
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:
