@@ -4,10 +4,10 @@ step against llama.cpp's generate (prefill excluded on both sides).
 
     python benchmarks/paired_speedup.py benchmarks/results/fastpath/*/journal.jsonl
 
-tokens/s is the runner's own (visible tokens over wall time, nsd.bench.speed). The
-report's "vs AR" column is a ratio of medians over prompts; for methods whose work is
-nearly identical to AR's (-k auto taking plain steps) the paired median is the steadier
-estimate, since it cancels each prompt's length and prefill.
+tokens/s is the runner's own (visible tokens over wall time, nsd.bench.speed). Reports
+written before 2026-12-06 put a ratio of medians over prompts in their "vs AR"
+column; they now put this paired median there too, which cancels each prompt's length and
+prefill. This script reads old journals the new way.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 # HumanEval (first 40) at T = 0, -k auto, with the small-batch VNNI kernels
 # (scripts/patches/ggml-vnni-small-batch.patch; run "humaneval-t0") and with ggml's own
 # kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"); and Spec-Bench at T = 0 and 0.8
-# with the default kernels ("spec-bench-t0", "spec-bench-t0.8"). On an AMX CPU, GGML_NO_AMX=1
+# with the default kernels ("spec-bench-t0", "spec-bench-t0.8"); the draft model against the
+# hybrid proposer on both ("humaneval-t0-hybrid", "spec-bench-t0-hybrid"). On an AMX CPU, GGML_NO_AMX=1
 # leaves ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX
 # uses; on a CPU without AMX the variable changes nothing. Resumable (each journal is
 # continued).
@@ -28,6 +29,11 @@ for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
             spec-bench-t0) run spec-bench-t0 "" --dataset spec-bench --limit 3 --per-category ;;
             spec-bench-t0.8) run spec-bench-t0.8 "" --dataset spec-bench --limit 1 --per-category \
                 --temperature 0.8 --top-p 0.95 ;;
+            # The draft model alone against the hybrid proposer (prompt lookup beside it).
+            humaneval-t0-hybrid) run humaneval-t0-hybrid "" --dataset humaneval --limit 40 \
+                --proposers draft,hybrid ;;
+            spec-bench-t0-hybrid) run spec-bench-t0-hybrid "" --dataset spec-bench --limit 3 \
+                --per-category --proposers draft,hybrid ;;
             *) echo "unknown run $one" >&2; exit 2 ;;
         esac
     done

@@ -18,13 +18,18 @@ def test_tau_is_pooled_tokens_over_passes() -> None:
     assert math.isnan(aggregate.tau([], []))
 
 
-def test_speedup_is_ratio_of_medians() -> None:
+def test_speedup_is_the_median_of_per_prompt_ratios() -> None:
     ar = [10.0, 20.0, 1000.0]  # one outlier prompt barely moves the median
     nsd = [25.0, 40.0, 30.0]
-    assert aggregate.speedup(nsd, ar) == pytest.approx(30.0 / 20.0)
+    assert aggregate.speedup(nsd, ar) == pytest.approx(2.0)  # ratios 2.5, 2.0, 0.03
+    # Paired, not a ratio of medians: ratios 1, 10 and 0.1 have the median 1.0, where the
+    # medians 10 and 1 would say 10x.
+    assert aggregate.speedup([1.0, 10.0, 100.0], [1.0, 1.0, 1000.0]) == pytest.approx(1.0)
     assert aggregate.speedup([1.0, 3.0], [1.0, 1.0]) == pytest.approx(2.0)  # even count: middle mean
-    assert math.isnan(aggregate.speedup([1.0], []))
+    assert math.isnan(aggregate.speedup([], []))
     assert math.isnan(aggregate.speedup([1.0], [0.0]))
+    with pytest.raises(ValueError, match="one per prompt"):
+        aggregate.speedup([1.0], [])
 
 
 def test_acceptance_by_position_pools_ragged_counts() -> None:

@@ -2,7 +2,7 @@
 
 Methods are interleaved prompt by prompt so drift in machine load hits all of them alike.
 The figures use the same definitions as ``nsd bench`` (:mod:`nsd.aggregate`):
-speedups are ratios of median per-prompt tokens/s measured in this same run.
+speedups are medians of the per-prompt tokens/s ratios measured in this same run.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _speedup(rates: dict[str, dict[str, float]], label: str, baseline: str | None) -> float:
-    """Ratio of medians over the prompts both methods ran (the same prompts, same run)."""
+    """Median of the per-prompt ratios over the prompts both methods ran (same run)."""
     if baseline is None or baseline not in rates:
         return math.nan
     ours, base = rates[label], rates[baseline]
@@ -158,8 +158,8 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
                  f"max {settings['generation']['max_new_tokens']} new tokens, temperature "
                  f"{settings['generation']['temperature']}, k = {settings['generation']['k']}."
                  + (f" Weight formats: {weights}." if weights else ""))
-    lines += ["", "tok/s counts output tokens up to a stop sequence. Speedups are ratios of median "
-              "per-prompt tokens/s within this run; hf-* peers "
+    lines += ["", "tok/s counts output tokens up to a stop sequence. Speedups are medians of the "
+              "per-prompt tokens/s ratios within this run (paired); hf-* peers "
               "are compared with hf-ar. τ = new tokens per target pass. Acceptance by position: "
               "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
               "Agreement: token positions equal to the AR output (exact: identical text).", ""]
