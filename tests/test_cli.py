@@ -26,6 +26,7 @@ from nsd.verify import RuleConfig
     (["generate", "--target", "smollm2-135m-instruct", "--method", "sd", "--proposer", "draft",
       "--prompt", "x"], "draft model"),
     (["models", "verify", "no-such-model"], "unknown model"),
+    (["compare", "--target", "smollm2-135m-instruct", "--methods", "ar,nsd,ar"], "more than once"),
 ])
 def test_bad_input_exits_2_with_message(argv, message, capsys) -> None:
     assert main(argv) == 2

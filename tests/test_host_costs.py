@@ -15,7 +15,7 @@ from nsd.engine import Engine
 from nsd.generation import GenerationConfig
 from nsd.sampling import SamplingConfig
 from nsd.verify import RuleConfig
-from mock import MockLM
+from mock import CharTokenizer, MockLM
 
 
 def test_apply_adds_a_plain_steps_work_to_c1_and_a_passes_to_each_verification() -> None:
@@ -96,18 +96,8 @@ def test_host_costs_are_cached_per_configuration_and_not_when_busy(counted) -> N
     assert len(list(counted.dir.glob("calibration/host-*.json"))) == 3
 
 
-class _Tok:
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return "".join(chr(97 + i % 26) for i in ids)
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) % 16 for c in text]
-
-    eos_token_id = None
-
-
 def test_the_engine_prices_host_work_into_the_auto_k_policy(counted) -> None:
-    engine = Engine.from_backends(MockLM(seed=2), _Tok(), MockLM(seed=3), eos_token_ids=())
+    engine = Engine.from_backends(MockLM(seed=2), CharTokenizer(), MockLM(seed=3), eos_token_ids=())
     engine.target_model.calibration = Calibration((0.030, 0.040, 0.045, 0.050, 0.055), {}, False)
     engine.draft_model.calibration = Calibration((0.004,), {}, False)
     config = GenerationConfig(method="nsd", theta=0.9, max_new_tokens=8, k_max=4).decode_config()
@@ -118,3 +108,15 @@ def test_the_engine_prices_host_work_into_the_auto_k_policy(counted) -> None:
     assert policy.costs.draft == pytest.approx(0.004)
     engine.k_policy(config)
     assert len(counted.calls) == 1  # the same configuration: measured once per engine
+
+
+def test_a_target_on_an_accelerator_gets_no_cpu_host_costs(counted) -> None:
+    # Its transform and rule run on the accelerator: CPU timings would only mislead.
+    target = MockLM(seed=2)
+    target.device = "cuda:0"
+    engine = Engine.from_backends(target, CharTokenizer(), MockLM(seed=3), eos_token_ids=())
+    engine.target_model.calibration = Calibration((0.030, 0.040, 0.045), {}, False)
+    engine.draft_model.calibration = Calibration((0.004,), {}, False)
+    policy = engine.k_policy(GenerationConfig(method="sd", max_new_tokens=8, k_max=2).decode_config())
+    assert not counted.calls
+    assert policy.costs.target == pytest.approx((0.030, 0.040, 0.045))

@@ -406,8 +406,9 @@ def test_theta_one_nucleus_is_the_whole_support() -> None:
         assert torch.equal(in_set, relaxed_set_mask(sub, rule)), theta
 
 
-@pytest.mark.parametrize("theta", [0.3, 0.9, 1.0])
-def test_sparse_excess_on_cpu_sums_the_terms_of_the_dense_formula(theta: float) -> None:
+@pytest.mark.parametrize("rule", [RuleConfig(kind="nucleus", theta=0.3), RuleConfig(kind="nucleus", theta=0.9),
+                                  RuleConfig(kind="nucleus", theta=1.0), RuleConfig(kind="typical")])
+def test_sparse_excess_on_cpu_sums_the_terms_of_the_dense_formula(rule: RuleConfig) -> None:
     """On a CPU, E sums only the tokens of S with q > p; it must equal the dense
     ``Σ (q − p)₊ · 1[S]`` over the whole vocabulary (float32 rows, top-p sparse, as the
     decoding loop hands them), with the same membership of every draft token."""
@@ -420,10 +421,13 @@ def test_sparse_excess_on_cpu_sums_the_terms_of_the_dense_formula(theta: float) 
     q = logits_to_probs(logits + torch.randn(2, 6, 5000, generator=gen), config)  # a draft near p
     q[0, 0] = p[0, 0]  # a row with q == p: nothing to sum
     tokens = torch.multinomial(q.reshape(-1, 5000), 1, generator=gen).reshape(2, 6)
-    rule = RuleConfig(kind="nucleus", theta=theta)
     in_set, excess = relaxed_set_stats(rule, p, p, tokens, q)
     mask = relaxed_set_mask(p, rule)
     dense = ((q.double() - p.double()).clamp_min(0.0) * mask).sum(dim=-1)
     assert torch.equal(in_set, mask.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
     assert excess[0, 0] == 0.0 and bool((excess[:, 1:] > 0).any())
     assert torch.allclose(excess, dense, rtol=1e-12, atol=0)
+    # A row with a NaN is never relaxed: E is NaN, as the dense form made it.
+    q[1, 2, 7] = math.nan
+    _, broken = relaxed_set_stats(rule, p, p, tokens, q)
+    assert math.isnan(broken[1, 2]) and torch.equal(broken[0], excess[0])

@@ -1,9 +1,9 @@
 """Figures of a set of generations, defined once for ``nsd compare`` and ``nsd bench``.
 
-Speedups are ratios of *medians of per-prompt tokens/s* measured in the same run: the
-median shrugs off a prompt hit by a burst of machine load, and per-prompt rates weight
-every prompt alike whatever its length. Missing (None) and undefined (NaN) values are
-left out of medians and means.
+Speedups are *medians of per-prompt tokens/s ratios* measured in the same run (paired):
+each prompt is compared with itself, so its length and prefill cancel, and the median
+shrugs off a prompt hit by a burst of machine load. Missing (None) and undefined (NaN)
+values are left out of medians and means.
 """
 
 from __future__ import annotations

@@ -115,7 +115,9 @@ def measure(backend: ModelBackend, n_max: int, context: int = CONTEXT_TOKENS,
 
     Each size is timed in the order decoding meets it. A one-token step is timed right
     after another one, as plain decoding runs them; every larger forward follows one of
-    another size, as a verification follows the steps before it. The order matters:
+    another size, as a verification follows a plain step or a block of another length
+    (two blocks of the same length in a row reuse the graph, so c(n) is then a few ms
+    pessimistic: a bias towards shorter blocks, not away from drafting). The order matters:
     llama.cpp reuses its compute graph only between forwards of the same shape, and on a
     Zen 4 a one-token step timed after a 9-token forward cost 39 ms against 35 ms after
     another one-token step. Timed after ``n_max`` tokens, c(1) overstated plain decoding

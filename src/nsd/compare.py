@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from nsd.aggregate import deviation_per_token, median, speedup, tau
+from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
 DEFAULT_PROMPTS = (
@@ -22,6 +23,8 @@ DEFAULT_PROMPTS = (
 
 def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = False) -> str:
     """Run every config on every prompt; return a Markdown table."""
+    if len({c.method for c in configs}) < len(configs):
+        raise NSDError("compare runs each method once: a method repeated would pair its runs with nothing")
     runs: dict[str, list] = {c.method: [] for c in configs}
     for i, prompt in enumerate(prompts):
         ids = engine.encode(prompt, chat=chat)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Generator, Mapping, Sequence
 
+import torch
+
 from nsd.backends.base import ModelBackend
 from nsd.costmodel import AcceptanceTracker, CostModelK, expected_tokens
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.errors import NSDError
 from nsd.decode import TokenLogprob
-from nsd.host_costs import HostCosts, host_costs, host_costs_key
+from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
@@ -204,7 +206,7 @@ class Engine:
         """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
 
         Costs: the target's stored ``c(1..k_max+1)`` and the draft's ``c(1)`` (0 for n-gram
-        lookups). Acceptance is learnt online within the generation, starting from the
+        lookups), each with nsd's own work per pass added (:meth:`_host_costs`). Acceptance is learnt online within the generation, starting from the
         same prior every time, and the policy's draws are seeded from ``config.seed``: a
         seeded generation is therefore reproducible, whatever ran before it on this engine
         and however busy the machine is.
@@ -224,16 +226,19 @@ class Engine:
     def _host_costs(self, config: DecodeConfig) -> HostCosts:
         """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):
         stored beside the step costs for models loaded from files; measured once per engine
-        otherwise, so repeated seeded calls choose alike."""
+        otherwise, so repeated seeded calls choose alike. A target on an accelerator runs
+        that work there, where these CPU timings do not apply: it is left unpriced."""
+        device = getattr(self.target, "device", None)
+        if device is not None and torch.device(device).type != "cpu":
+            return HostCosts(0.0, 0.0, 0.0, 0.0)
         draft_vocab = None
         if self.draft_vocab_map is not None and self.draft is not None:
             draft_vocab = self.draft.vocab_size
         args = (self.target.vocab_size, config.sampling, config.rule, config.k_max + 1, draft_vocab)
         memo = self.__dict__.setdefault("_host_memo", {})
-        key = repr(host_costs_key(*args))
-        if key not in memo:
-            memo[key] = host_costs(*args, persist=self.target_model.file is not None)
-        return memo[key]
+        if args not in memo:  # frozen configs: hashable, and equal exactly when they match
+            memo[args] = host_costs(*args, persist=self.target_model.file is not None)
+        return memo[args]
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:

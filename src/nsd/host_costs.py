@@ -20,11 +20,14 @@ read, so a seeded generation chooses the same draft lengths however busy the mac
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -153,6 +156,18 @@ def measure_host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n
     return HostCosts(plain=plain_s, fixed=fixed, per_row=per_row, draft_token=draft_s)
 
 
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    """A digest of the code that is timed: a faster transform or rule in a later version
+    must not be priced with the old one's cached costs."""
+    from nsd import sampling, verify
+
+    digest = hashlib.sha256()
+    for module in (sampling, verify, sys.modules[__name__]):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def host_costs_key(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max: int,
                    draft_vocab: int | None) -> dict[str, Any]:
     """Everything the measurement depends on (the values of the knobs do not matter, only
@@ -160,7 +175,7 @@ def host_costs_key(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max
     from nsd.machine import cpu_description
 
     return {
-        "version": _VERSION, "cpu": cpu_description(), "torch": torch.__version__,
+        "version": _VERSION, "code": _code_digest(), "cpu": cpu_description(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "vocab": vocab, "draft_vocab": draft_vocab,
         "n_max": max(n_max, 3), "greedy": sampling.greedy, "top_k": sampling.top_k > 0,
         "top_p": sampling.top_p < 1.0, "min_p": sampling.min_p > 0.0,

@@ -244,7 +244,11 @@ def relaxed_set_stats(
     where = live.nonzero(as_tuple=True)
     terms = draft_probs[where].double() - target_probs[where].double()
     excess = torch.zeros(live.shape[:-1], dtype=torch.float64, device=live.device)
-    return in_set, excess.index_put_(where[:-1], terms, accumulate=True)
+    excess.index_put_(where[:-1], terms, accumulate=True)
+    # A NaN compares false and would drop out of the sum; the dense form made E NaN, which
+    # no cap admits, so such a row is never relaxed. Keep that.
+    broken = torch.isnan(draft_probs).any(dim=-1) | torch.isnan(target_probs).any(dim=-1)
+    return in_set, excess.masked_fill(broken, math.nan)
 
 
 # --------------------------------------------------------------------------- budget policy
