@@ -85,9 +85,18 @@ def test_hybrid_proposer_copies_or_drafts() -> None:
     assert len(drafted) == 3
 
 
-def _repetitive_run(target, config, policy_seed, seed_ctx=(1, 2, 3, 1, 2, 3, 1, 2)):
+def _repetitive_run(target, config, policy_seed, seed_ctx=(1, 2, 3, 1, 2, 3, 1, 2), tally=None):
     hybrid = HybridProposer(DraftModelProposer(MockLM(vocab_size=target.vocab_size, seed=31),
                                                config.sampling), NgramProposer())
+    if tally is not None:  # count what each proposer drafts, as the proposer sees it
+        propose = hybrid.propose
+
+        def counted(context, k, generator, lookup=False):
+            proposal = propose(context, k, generator, lookup=lookup)
+            tally["lookup" if lookup else "draft"] += len(proposal.tokens)
+            return proposal
+
+        hybrid.propose = counted
     costs = StepCosts(tuple(0.04 * (1 + 0.05 * n) for n in range(7)), draft=0.01)
     policy = CostModelK(costs, AcceptanceTracker(6), k_max=6, seed=policy_seed,
                         lookup_tracker=AcceptanceTracker(6, prior=0.9))
@@ -100,9 +109,15 @@ def test_greedy_sd_with_hybrid_blocks_equals_ar() -> None:
     ar, _ = run_to_end(decode(target, [1, 2, 3, 1, 2, 3, 1, 2],
                               DecodeConfig(speculative=False, sampling=greedy, max_new_tokens=40)))
     config = DecodeConfig(sampling=greedy, auto_k=True, k_max=6, max_new_tokens=40)
-    tokens, stats = _repetitive_run(target, config, policy_seed=0)
+    tally = {"lookup": 0, "draft": 0}
+    tokens, stats = _repetitive_run(target, config, policy_seed=0, tally=tally)
     assert tokens == ar
     assert stats.lookup_blocks > 0 and stats.lookup_blocks < stats.target_passes
+    # Each proposer's share of the drafts is counted apart (no EOS here: nothing is cut),
+    # and of the accepts no more than it drafted.
+    assert stats.lookup_drafted == tally["lookup"] > 0
+    assert stats.drafted_tokens - stats.lookup_drafted == tally["draft"] > 0
+    assert 0 < stats.lookup_accepted <= min(stats.lookup_drafted, stats.accepted_tokens)
 
 
 def test_sampled_sd_with_hybrid_blocks_keeps_the_target_law() -> None:

@@ -94,6 +94,10 @@ class DecodeStats:
     k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
     lookup_blocks: int = 0  # blocks proposed by prompt lookup instead of the draft model
+    # Of drafted_tokens / accepted_tokens, those of lookup blocks: each proposer's own
+    # acceptance (the draft model's is the rest), which the shared totals hide.
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
 
     @property
@@ -236,7 +240,7 @@ def decode(
     # tokens it could propose for nothing; a policy that can price both picks per block.
     free_length = getattr(proposer, "free_length", None) if config.speculative else None
     plan = getattr(policy, "plan", None)
-    lookup_blocks = 0
+    lookup_blocks = lookup_drafted = lookup_accepted = 0
     begin = getattr(proposer, "begin", None)
     if callable(begin):  # where the generated tokens start (penalties count only those)
         begin(len(prompt_ids))
@@ -316,6 +320,9 @@ def decode(
             # Drafts past a rejection were tried and failed, so they count; past an EOS not.
             drafted += len(new) if eos_cut else n
             accepted += emitted_acc
+            if from_lookup:
+                lookup_drafted += len(new) if eos_cut else n
+                lookup_accepted += emitted_acc
             relaxed += int(result.relaxed[0, :emitted_drafts].sum())
             for i in range(min(emitted_acc + 1, emitted_drafts)):
                 attempts[i] += 1
@@ -362,6 +369,8 @@ def decode(
         k_per_pass=k_per_pass,
         predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
         lookup_blocks=lookup_blocks,
+        lookup_drafted=lookup_drafted,
+        lookup_accepted=lookup_accepted,
         cached_prompt_tokens=reused,
     )
 
