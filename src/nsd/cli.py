@@ -101,12 +101,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from nsd.compare import DEFAULT_PROMPTS, run_compare
+    from nsd.compare import DEFAULT_PROMPTS, check_methods, run_compare
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    repeated = sorted({m for m in methods if methods.count(m) > 1})
-    if repeated:
-        raise NSDError(f"--methods names {', '.join(repeated)} more than once; name each method once")
+    check_methods(methods)  # before the models load
     configs = [generation_config(args, method=m) for m in methods]
     prompts = [args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
     engine = make_engine(args)

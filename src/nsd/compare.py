@@ -21,10 +21,16 @@ DEFAULT_PROMPTS = (
 )
 
 
+def check_methods(methods: Sequence[str]) -> None:
+    """Each method once: a repeated one would have no runs of its own to pair with AR's."""
+    repeated = sorted({m for m in methods if list(methods).count(m) > 1})
+    if repeated:
+        raise NSDError(f"--methods names {', '.join(repeated)} more than once; name each method once")
+
+
 def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = False) -> str:
     """Run every config on every prompt; return a Markdown table."""
-    if len({c.method for c in configs}) < len(configs):
-        raise NSDError("compare runs each method once: a method repeated would pair its runs with nothing")
+    check_methods([c.method for c in configs])
     runs: dict[str, list] = {c.method: [] for c in configs}
     for i, prompt in enumerate(prompts):
         ids = engine.encode(prompt, chat=chat)

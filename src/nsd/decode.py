@@ -318,10 +318,11 @@ def decode(
             # rejection, so a prefix sum (in the budget scan's order) is the exact charge.
             spent = charge(spent, result.deviation[:, :emitted_drafts])
             # Drafts past a rejection were tried and failed, so they count; past an EOS not.
-            drafted += len(new) if eos_cut else n
+            tried = len(new) if eos_cut else n
+            drafted += tried
             accepted += emitted_acc
             if from_lookup:
-                lookup_drafted += len(new) if eos_cut else n
+                lookup_drafted += tried
                 lookup_accepted += emitted_acc
             relaxed += int(result.relaxed[0, :emitted_drafts].sum())
             for i in range(min(emitted_acc + 1, emitted_drafts)):

@@ -206,8 +206,9 @@ class Engine:
         """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
 
         Costs: the target's stored ``c(1..k_max+1)`` and the draft's ``c(1)`` (0 for n-gram
-        lookups), each with nsd's own work per pass added (:meth:`_host_costs`). Acceptance is learnt online within the generation, starting from the
-        same prior every time, and the policy's draws are seeded from ``config.seed``: a
+        lookups), each with nsd's own work per pass added (:meth:`_host_costs`). Acceptance
+        is learnt online within the generation, starting from the same prior every time,
+        and the policy's draws are seeded from ``config.seed``: a
         seeded generation is therefore reproducible, whatever ran before it on this engine
         and however busy the machine is.
         """
