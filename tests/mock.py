@@ -6,7 +6,8 @@ Logits depend on the last two tokens through a fixed random table, so a wrong KV
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 
@@ -41,12 +42,54 @@ class MockLM:
         out = torch.stack(rows)
         return out if all_logits else out[-1:]
 
-    def rewind(self, num_tokens: int) -> None:
-        assert 0 <= num_tokens <= len(self._tokens)
-        del self._tokens[num_tokens:]
+    def rewind(self, num_tokens: int, seq: int = 0) -> None:
+        with self._bound(seq):
+            assert 0 <= num_tokens <= len(self._tokens)
+            del self._tokens[num_tokens:]
 
-    def reset(self) -> None:
+    def reset(self, seq: int | None = None) -> None:
+        if seq:
+            with self._bound(seq):
+                return self.reset()
+        if seq is None:
+            self._others = [[] for _ in getattr(self, "_others", [])]
         self._tokens = []
+
+    # Several sequences, as the llama.cpp and transformers backends hold them for a server
+    # decoding requests in parallel; forward_many records each batch's sequences.
+    def set_sequences(self, n_seq: int) -> None:
+        self._others: list[list[int]] = [[] for _ in range(n_seq - 1)]
+        self._tokens = []
+        self.batch_sizes: list[int] = []
+
+    @contextlib.contextmanager
+    def _bound(self, seq: int) -> Iterator[None]:
+        if seq == 0:
+            yield
+            return
+        mine, self._tokens = self._tokens, self._others[seq - 1]
+        try:
+            yield
+        finally:
+            self._others[seq - 1], self._tokens = self._tokens, mine
+
+    def forward_many(self, items) -> list[torch.Tensor]:
+        seqs = [seq for seq, _, _ in items]
+        assert len(set(seqs)) == len(seqs), f"a sequence twice in one batch: {seqs}"
+        self.batch_sizes.append(len(items))
+        out = []
+        for seq, tokens, all_logits in items:
+            with self._bound(seq):
+                out.append(self.forward(tokens, all_logits))
+        return out
+
+    def seq_num_cached(self, seq: int) -> int:
+        with self._bound(seq):
+            return self.num_cached
+
+    def seq_cached_tokens(self, seq: int) -> list[int]:
+        with self._bound(seq):
+            return list(self._tokens)
 
 
 class CachingLM(MockLM):
@@ -65,12 +108,14 @@ class CachingLM(MockLM):
     def cached_tokens(self) -> list[int]:
         return list(self._tokens)
 
-    def save_state(self) -> tuple[list[int], bytes]:
-        return list(self._tokens), bytes(8 * len(self._tokens))
+    def save_state(self, seq: int = 0) -> tuple[list[int], bytes]:
+        with self._bound(seq):
+            return list(self._tokens), bytes(8 * len(self._tokens))
 
-    def load_state(self, tokens: Sequence[int], state: bytes) -> None:
+    def load_state(self, tokens: Sequence[int], state: bytes, seq: int = 0) -> None:
         assert len(state) == 8 * len(tokens)
-        self._tokens = list(tokens)
+        with self._bound(seq):
+            self._tokens = list(tokens)
 
 
 def cycle_lm(vocab_size: int, margin: float = 20.0) -> MockLM:

@@ -47,6 +47,15 @@ class SlowLM(CachingLM):
             time.sleep(self.delay)
         return super().forward(tokens, all_logits)
 
+    def forward_many(self, items):
+        # One delay for the whole batch, as a memory-bound step of a real model nearly costs.
+        delay, self.delay = self.delay, 0.0
+        try:
+            time.sleep(delay)
+            return super().forward_many(items)
+        finally:
+            self.delay = delay
+
 
 def mock_engine(delay: float = 0.0, n_ctx: int | None = None) -> Engine:
     """An engine over the slow mock LM (n-gram proposer) and the letter tokenizer."""

@@ -10,7 +10,8 @@ import torch
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
 from nsd.calibrate import Calibration
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, best_k, expected_tokens
+from nsd.costmodel import (AcceptanceTracker, CostModelK, StepCosts, best_k, expected_tokens,
+                           marginal_costs)
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.draft_model import DraftModelProposer
@@ -300,3 +301,31 @@ def test_no_probes_where_perfect_acceptance_is_only_a_few_percent_ahead() -> Non
             policy.observe(k, k, k, 0.0, 0.0, 0.0)  # whatever is drafted is accepted
             chosen.append(k)
         assert any(k > 0 for k in chosen) == expect_probe, (margin, chosen[:10])
+
+
+def test_marginal_costs_price_what_a_sequence_adds_to_a_shared_forward() -> None:
+    table = (40.0, 44.0, 47.0, 50.0, 55.0, 60.0, 66.0, 72.0, 78.0)  # c(1..9), ms
+    assert marginal_costs(table, 0) == table  # alone: the forward is all its own
+    added = marginal_costs(table, 3)  # three other tokens in the forward
+    assert added[:6] == pytest.approx([c - table[2] for c in table[3:9]])  # c(3 + n) − c(3)
+    # Past the table, linear at the mean slope of its upper half: (78 − 50) / 5 per token.
+    assert added[6:] == pytest.approx([78 - 47 + 5.6 * i for i in (1, 2, 3)])
+    far = marginal_costs(table, 40)
+    assert far == pytest.approx([5.6 * n for n in range(1, 10)])
+    # A dip in the measured table still leaves every increment positive and rising.
+    dips = marginal_costs((40.0, 39.0, 45.0, 44.0), 1)
+    assert all(b > a > 0 for a, b in zip(dips, dips[1:]))
+
+
+def test_a_full_batch_turns_speculation_off_that_pays_alone() -> None:
+    """The same acceptance and step costs: alone, blocks of drafts pay; in a forward that
+    already carries many other tokens, a drafted token costs nearly a plain step's share,
+    and the policy decodes plainly."""
+    table = tuple(40.0 + 4.0 * (n - 1) for n in range(1, 10))
+    tracker = AcceptanceTracker(8, prior=0.9)
+    others = {"tokens": 0}
+    policy = CostModelK(StepCosts(table, draft=5.0), tracker, 8,
+                        reprice=lambda: StepCosts(marginal_costs(table, others["tokens"]), 5.0))
+    assert sum(policy.next_k(100) > 0 for _ in range(10)) >= 8  # (seeded draws)
+    others["tokens"] = 15
+    assert all(policy.next_k(100) == 0 for _ in range(5))

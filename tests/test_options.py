@@ -48,6 +48,10 @@ def test_every_cli_flag_defaults_to_its_option(command: str) -> None:
             assert args[name] == list_valued[name]
         elif not (command == "bench" and name in bench_own):
             assert args[name] == option.default, (command, name)
+    for name, option in optspec.SERVING.items():  # the server's own options: serve alone
+        assert (name in args) == (command == "serve"), (command, option.flag)
+        if command == "serve":
+            assert args[name] == option.default
 
 
 @pytest.mark.parametrize("name, bad", [("theta", 1.5), ("theta", -0.1), ("budget", -1.0),

@@ -236,7 +236,7 @@ def test_models_health_metrics(server) -> None:
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["mock"]
     assert client.get("/health").json() == {"status": "ok", "model": "mock", "busy": False,
-                                            "queue_depth": 0}
+                                            "running": 0, "parallel": 4, "queue_depth": 0}
     _completion(client, max_tokens=5)
     text = client.get("/metrics").text
     for name in ("nsd_requests_total", "nsd_completion_tokens_total", "nsd_prompt_tokens_total",

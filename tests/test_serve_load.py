@@ -39,19 +39,21 @@ def _metric(url: str, line_start: str) -> float:
     return 0.0
 
 
-def test_full_queue_answers_429_with_retry_after() -> None:
-    config = ServerConfig(model_name="mock", defaults=AR, queue_size=1)
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_full_queue_answers_429_with_retry_after(parallel: int) -> None:
+    config = ServerConfig(model_name="mock", defaults=AR, queue_size=1, parallel=parallel)
     with running_server(mock_engine(delay=DELAY), config) as (url, app):
-        with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(_post, url, "abc", 40)  # ~0.8 s of decoding
-            wait_until(lambda: app.state.worker.busy)
+        with ThreadPoolExecutor(parallel + 1) as pool:
+            running = [pool.submit(_post, url, f"ab{i}", 40) for i in range(parallel)]  # ~0.8 s each
+            wait_until(lambda: app.state.worker.running == parallel)
             queued = pool.submit(_post, url, "abd", 5)
             wait_until(lambda: app.state.worker.depth == 1)
             refused = _post(url, "abe", 5)
             assert refused.status_code == 429
             assert int(refused.headers["retry-after"]) >= 1
             assert refused.json()["error"]["code"] == "queue_full"
-            assert running.result().status_code == 200 and queued.result().status_code == 200
+            assert all(r.result().status_code == 200 for r in running)
+            assert queued.result().status_code == 200
         assert _metric(url, 'nsd_rejections_total{reason="queue_full"}') == 1
         assert httpx.get(f"{url}/health").json()["queue_depth"] == 0
 
@@ -134,7 +136,10 @@ def test_sixteen_concurrent_clients_get_their_own_answers() -> None:
                     answered += 1
         assert answered >= clients  # the queue admits a good share
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "model": "mock", "busy": False,
-                                                     "queue_depth": 0}
+                                                     "running": 0, "parallel": 4, "queue_depth": 0}
+        # The answers above were decoded side by side: forwards carried several requests.
+        assert app.state.worker.batcher.stats.largest > 1
+        assert _metric(url, "nsd_batch_sequences_total") > _metric(url, "nsd_batch_forwards_total") > 0
         assert _metric(url, "nsd_requests_in_progress") == 0
 
 
@@ -144,7 +149,7 @@ from nsd.api import GenerationConfig
 from nsd.serve import ServerConfig, run_server
 from serve_support import mock_engine
 config = ServerConfig(model_name="mock", port=0, defaults=GenerationConfig(method="ar"),
-                      shutdown_timeout_s=10)
+                      shutdown_timeout_s=10, parallel=1)
 run_server(config, lambda: mock_engine(delay=0.02), log_level="warning")
 """
 

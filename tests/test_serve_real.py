@@ -186,7 +186,8 @@ def test_sixteen_concurrent_clients(server: str) -> None:
                 ok += 1
     assert ok >= 9  # the running request plus a full queue of 8, at least
     health = httpx.get(f"{server}/health").json()
-    assert health == {"status": "ok", "model": MODEL, "busy": False, "queue_depth": 0}
+    assert health == {"status": "ok", "model": MODEL, "busy": False, "running": 0,
+                      "parallel": 4, "queue_depth": 0}
 
 
 def test_disconnect_mid_stream_frees_the_worker(server: str) -> None:

@@ -13,7 +13,9 @@ import os
 import sys
 from typing import Sequence
 
-from nsd.cli_args import add_decoding_args, add_model_args, backend_options, generation_config
+from nsd import options as optspec
+from nsd.cli_args import (add_decoding_args, add_model_args, add_options, backend_options,
+                          generation_config)
 from nsd.errors import NSDError
 
 
@@ -95,7 +97,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or default_model_name(args.target),
         defaults=generation_config(args), host=args.host, port=args.port, api_key=args.api_key,
         queue_size=args.queue_size, request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout, prefix_cache_mb=args.prefix_cache_mb)
+        shutdown_timeout_s=args.shutdown_timeout, prefix_cache_mb=args.prefix_cache_mb,
+        parallel=args.parallel)
     run_server(config, lambda: make_engine(args), log_level=args.log_level)
     return 0
 
@@ -168,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="require 'Authorization: Bearer KEY' (default: $NSD_API_KEY, else none)")
     srv.add_argument("--served-model-name", default=None,
                      help="the id clients send as 'model' (default: the --target name)")
+    add_options(srv, optspec.SERVING)
     srv.add_argument("--queue-size", type=int, default=16,
-                     help="requests that may wait behind the running one; more get 429")
+                     help="requests that may wait behind the running ones; more get 429")
     srv.add_argument("--request-timeout", type=_float_arg, default=600.0, metavar="S",
                      help="seconds from arrival to the last token, queueing included")
     srv.add_argument("--shutdown-timeout", type=_float_arg, default=30.0, metavar="S",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from nsd.errors import NSDError
 
@@ -112,6 +112,34 @@ class StepCosts:
             return table[n - 1]
         slope = max(table[-1] - table[-2], 0.0) if len(table) > 1 else table[-1]
         return table[-1] + slope * (n - len(table))
+
+
+def marginal_costs(table: Sequence[float], others: int) -> tuple[float, ...]:
+    """What ``n = 1..len(table)`` more tokens add to a forward already carrying ``others``
+    tokens of other sequences: ``c(others + n) − c(others)``, ``table[n − 1]`` being ``c(n)``.
+
+    A server batching several requests' forwards pays one forward for all of them, so a
+    request's block costs what its tokens add, not a forward of its own: on a CPU, where a
+    forward of a few dozen tokens already costs about linearly in them, a drafted token
+    costs nearly what a plain step's does, and speculation rarely pays in a full batch.
+    Past the measured range ``c`` grows linearly, by the mean slope of the table's upper
+    half; increments are kept positive (timing noise can make the table dip)."""
+    if others <= 0:
+        return tuple(table)
+    n_max = len(table)
+    half = n_max // 2
+    slope = (table[-1] - table[half - 1]) / (n_max - half) if n_max > 1 else table[0]
+    slope = max(slope, 0.02 * table[0])
+
+    def c(n: int) -> float:
+        return table[n - 1] if n <= n_max else table[-1] + slope * (n - n_max)
+
+    base = c(others)
+    out, last = [], 0.0
+    for n in range(1, n_max + 1):
+        last = max(c(others + n) - base, last + 0.02 * table[0])
+        out.append(last)
+    return tuple(out)
 
 
 def expected_tokens(alpha: Sequence[float], k: int) -> float:
@@ -250,6 +278,9 @@ class CostModelK:
     _probe_wait: int = 0
     _last_lookup: int = 0  # the match length of the last block if lookup drafted it
     _probing: bool = False
+    # In a server's batch: the costs of a block given the other requests' tokens in the
+    # forwards it joins (see :func:`marginal_costs`), asked before every choice.
+    reprice: Callable[[], StepCosts] | None = None
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -274,6 +305,8 @@ class CostModelK:
         acceptance estimate of lookups after matches of that length. The cheaper proposer
         wins the block on expected tokens per second."""
         k_cap = max(0, min(self.k_max, remaining - 1))
+        if self.reprice is not None:
+            self.costs = self.reprice()
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
         surcharge = self._behind * self.catchup * self.costs.draft / max(remaining, 1)

@@ -6,12 +6,15 @@ generation asks for, runs :func:`nsd.decode.decode` and turns tokens into stream
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Any, Generator, Mapping, Sequence
 
 import torch
 
 from nsd.backends.base import ModelBackend
-from nsd.costmodel import AcceptanceTracker, CostModelK, expected_tokens
+from nsd.backends.sequences import StepBatcher, sequence_views
+from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode
 from nsd.errors import NSDError
 from nsd.decode import TokenLogprob
@@ -51,6 +54,10 @@ class Engine:
     """
 
     prefix_cache: PrefixCache | None = None
+    # The largest k_max whose step costs were measured before the models were shared
+    # between slots (:meth:`batched`); None: measured on demand.
+    _frozen_k_max: int | None = None
+    _host_lock = threading.Lock()  # slots share the memo of _host_costs
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
@@ -62,6 +69,7 @@ class Engine:
             raise NSDError(f"the {proposer} proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
+        self.k_max = k_max
         if proposer in _NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
@@ -97,6 +105,7 @@ class Engine:
         engine = cls.__new__(cls)
         engine.proposer_kind = proposer or ("draft" if draft is not None else "ngram")
         engine.ngram = ngram
+        engine.k_max = GenerationConfig.k_max
         engine.target_model = LoadedModel(target, None, None)
         engine.target = target
         engine.tokenizer = tokenizer
@@ -214,15 +223,37 @@ class Engine:
         """
         if not (config.speculative and config.auto_k):
             return None
+        if self._frozen_k_max is not None and config.k_max > self._frozen_k_max:
+            # Measuring now would run the shared models outside the batch.
+            if not self._frozen_k_max:
+                raise NSDError("-k auto is unavailable here: the step costs could not be "
+                               "measured before the models were shared; give a fixed k")
+            raise NSDError(f"-k auto with k_max {config.k_max}: this server measured its step "
+                           f"costs up to k_max {self._frozen_k_max}; ask for at most that")
         target_costs = self.target_model.step_costs(config.k_max + 1)
         draft_cost = 0.0
         drafts = self.proposer_kind in _NEEDS_DRAFT
         if drafts:
             draft_cost = self.draft_model.step_costs(1)[0]
-        costs = self._host_costs(config).apply(target_costs, draft_cost, draft_model=drafts)
+        host = self._host_costs(config)
+        costs = host.apply(target_costs, draft_cost, draft_model=drafts)
         lookup = AcceptanceTracker(config.k_max) if self.proposer_kind == "hybrid" else None
-        return CostModelK(costs, AcceptanceTracker(config.k_max),
-                          config.k_max, seed=config.seed, lookup_tracker=lookup)
+        policy = CostModelK(costs, AcceptanceTracker(config.k_max),
+                            config.k_max, seed=config.seed, lookup_tracker=lookup)
+        if hasattr(self.target, "batch_others"):  # a slot of batched(): price the shared forwards
+            draft_table = self.draft_model.step_costs(config.k_max + 1) if drafts else ()
+            priced: dict[tuple[int, int], StepCosts] = {}
+
+            def reprice() -> StepCosts:
+                key = (self.target.batch_others(), self.draft.batch_others() if drafts else 0)
+                if key not in priced:
+                    draft = marginal_costs(draft_table, key[1])[0] if drafts else 0.0
+                    priced[key] = host.apply(marginal_costs(target_costs, key[0]), draft,
+                                             draft_model=drafts)
+                return priced[key]
+
+            policy.reprice = reprice
+        return policy
 
     def _host_costs(self, config: DecodeConfig) -> HostCosts:
         """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):
@@ -237,9 +268,39 @@ class Engine:
             draft_vocab = self.draft.vocab_size
         args = (self.target.vocab_size, config.sampling, config.rule, config.k_max + 1, draft_vocab)
         memo = self.__dict__.setdefault("_host_memo", {})
-        if args not in memo:  # frozen configs: hashable, and equal exactly when they match
-            memo[args] = host_costs(*args, persist=self.target_model.file is not None)
+        with self._host_lock:
+            if args not in memo:  # frozen configs: hashable, and equal exactly when they match
+                memo[args] = host_costs(*args, persist=self.target_model.file is not None)
         return memo[args]
+
+    def batched(self, n: int) -> tuple[list[Engine], StepBatcher]:
+        """``n`` engines sharing this one's models, tokenizer, prefix cache and measured
+        costs, each decoding its own sequence of the models' caches on the thread that
+        calls it, their forwards run together by the returned :class:`StepBatcher` (see
+        :mod:`nsd.backends.sequences`). This engine must not generate afterwards: its
+        caches become the slots'. ``-k auto`` is then limited to this engine's ``k_max``,
+        whose costs are measured here, before the models are shared."""
+        if n < 1:
+            raise NSDError(f"the number of parallel sequences must be >= 1, got {n}")
+        frozen = self.k_max
+        try:
+            self.target_model.step_costs(self.k_max + 1)
+            if self.draft_model is not None and self.draft is not None:
+                # The draft's batched steps are priced by what each sequence adds (k_policy).
+                self.draft_model.step_costs(self.k_max + 1)
+        except NSDError:  # e.g. a context too short to time: no -k auto in the slots
+            frozen = 0
+        self.__dict__.setdefault("_host_memo", {})  # one memo, shared by the copies
+        batcher = StepBatcher()
+        backends = [self.target] + ([self.draft] if self.draft is not None else [])
+        slots = []
+        for views in sequence_views(backends, n, batcher):
+            slot = copy.copy(self)
+            slot.target = views[0]
+            slot.draft = views[1] if self.draft is not None else None
+            slot._frozen_k_max = frozen
+            slots.append(slot)
+        return slots, batcher
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:

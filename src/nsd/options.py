@@ -204,7 +204,16 @@ BACKEND = _opts(
                 "cheaper on this machine, else the full vocabulary"),
 )
 
+# How `nsd serve` schedules requests.
+SERVING = _opts(
+    Option("parallel", 4, int, low=1, high=64, metavar="N",
+           help="requests the server decodes at once, their model forwards batched (each holds a "
+                "sequence of --n-ctx tokens in the KV caches; 1: one request at a time)"),
+)
+
+# The options every front end takes (the server's own, SERVING, only `nsd serve` does).
 ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
+_KNOWN: dict[str, Option] = {**ALL, **SERVING}
 # The decoding options that pick and shape the verification rule (the rest of DECODING is
 # sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
 RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
@@ -213,12 +222,12 @@ RELAXED_METHODS = ("nsd", "typical")
 
 def default(name: str) -> Any:
     """The documented default of option ``name``."""
-    return ALL[name].default
+    return _KNOWN[name].default
 
 
 def check(name: str, value: Any) -> Any:
     """``value`` checked against option ``name`` (see :meth:`Option.check`)."""
-    return ALL[name].check(value)
+    return _KNOWN[name].check(value)
 
 
 def check_fields(config: Any, options: Mapping[str, Option]) -> None:

@@ -66,7 +66,8 @@ class PrefixCache:
         self.min_tokens = min_tokens
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest first
         self._next_id = 0
-        self._lock = threading.Lock()
+        # Slots decoding in parallel share one cache: every entry access holds this.
+        self._lock = threading.RLock()
         self.hits = 0  # generations that reused at least one prompt token
         self.misses = 0
         self.reused_tokens = 0  # prompt tokens not prefilled again
@@ -85,7 +86,10 @@ class PrefixCache:
         """Before a generation of ``prompt_ids``: put the best prefix available into the
         caches. Returns the prompt tokens the target's cache now shares with the prompt
         (what the prefill will skip)."""
-        want = list(prompt_ids[:-1])
+        with self._lock:
+            return self._prepare(target, draft, list(prompt_ids[:-1]))
+
+    def _prepare(self, target: Any, draft: Any, want: list[int]) -> int:
         live = cached_tokens(target)
         live_keep = common_prefix_length(live, want) if live is not None else 0
         best_id, best_keep = None, 0
@@ -95,8 +99,7 @@ class PrefixCache:
                 best_id, best_keep = key, keep
         if best_id is not None and best_keep > live_keep:
             best = self._entries[best_id]
-            with self._lock:
-                self._entries.move_to_end(best_id)
+            self._entries.move_to_end(best_id)
             self._save_live(target, draft)  # (may evict `best`: it is restored all the same)
             self._restore(best, target, draft)
             return best_keep

@@ -69,20 +69,32 @@ class EmbeddingInputBackend:
     def num_cached(self) -> int:
         return self.model.num_cached
 
-    def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], all_logits: bool = True, seq: int = 0) -> torch.Tensor:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             return self.model.forward([], all_logits)
-        if int(ids.min()) < 0 or int(ids.max()) >= self.table.n_rows:
-            bad = int(ids[(ids < 0) | (ids >= self.table.n_rows)][0])
-            raise ValueError(f"token id {bad} outside the vocabulary [0, {self.table.n_rows})")
-        return self.model.forward_embeddings(self.table.lookup(ids), all_logits)
+        return self.forward_many([(seq, ids, all_logits)])[0]
 
-    def rewind(self, num_tokens: int) -> None:
-        self.model.rewind(num_tokens)
+    def forward_many(self, items: Sequence[tuple[int, Sequence[int], bool]]) -> list[torch.Tensor]:
+        """Several sequences' tokens in one decode (see ``LlamaCppBackend.forward_many``)."""
+        arrays = [np.asarray(tokens, dtype=np.int64).reshape(-1) for _, tokens, _ in items]
+        for ids in arrays:
+            if ids.size == 0:
+                raise ValueError("forward needs at least one token per sequence")
+            if int(ids.min()) < 0 or int(ids.max()) >= self.table.n_rows:
+                bad = int(ids[(ids < 0) | (ids >= self.table.n_rows)][0])
+                raise ValueError(f"token id {bad} outside the vocabulary [0, {self.table.n_rows})")
+        rows = self.table.lookup(np.concatenate(arrays))  # one dequantisation for all
+        bounds = np.cumsum([0] + [len(ids) for ids in arrays])
+        return self.model.forward_embeddings_many(
+            [(seq, rows[a:b], all_logits) for (seq, _, all_logits), a, b
+             in zip(items, bounds[:-1], bounds[1:])])
 
-    def reset(self) -> None:
-        self.model.reset()
+    def rewind(self, num_tokens: int, seq: int = 0) -> None:
+        self.model.rewind(num_tokens, seq)
+
+    def reset(self, seq: int | None = None) -> None:
+        self.model.reset(seq)
 
     def close(self) -> None:
         self.model.close()

@@ -11,13 +11,15 @@ plain CUDA graph (no compile time; CUDA only). The prompt prefill always runs ea
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from nsd.backends.kv_cache import StaticKVCache, causal_mask, static_cache_supported
+from nsd.backends.kv_cache import (GatheredKVCache, StaticKVCache, batch_causal_mask, causal_mask,
+                                  static_cache_supported)
 from nsd.errors import NSDError
 from nsd.backends.files import check_hf_folder
 
@@ -119,6 +121,9 @@ class HFBackend:
         self._tokens: list[int] = []  # the ids whose KV the cache holds
         if static_cache_supported(config):
             self.cache = StaticKVCache.for_config(config, self.max_positions, self.dtype, self.device)
+        # Sequences 1.. of set_sequences (sequence 0 is `cache` and `_tokens`).
+        self._more_caches: list[StaticKVCache] = []
+        self._more_tokens: list[list[int]] = []
         self._graphed: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.graph_mode = graph_mode(compile) if self.cache is not None else "none"
         if self.graph_mode == "torch":
@@ -240,7 +245,10 @@ class HFBackend:
         self._dynamic_len += ids.shape[1]
         return (logits if all_logits else logits[-1:]).float()
 
-    def rewind(self, num_tokens: int) -> None:
+    def rewind(self, num_tokens: int, seq: int = 0) -> None:
+        if seq:
+            with self._bound(seq):
+                return self.rewind(num_tokens)
         if not 0 <= num_tokens <= self.num_cached:
             raise ValueError(f"cannot rewind to {num_tokens}: cache holds {self.num_cached}")
         del self._tokens[num_tokens:]
@@ -255,26 +263,135 @@ class HFBackend:
             self._dynamic.crop(num_tokens - self._dynamic_len)
         self._dynamic_len = num_tokens
 
-    def reset(self) -> None:
+    def reset(self, seq: int | None = None) -> None:
+        if seq:
+            with self._bound(seq):
+                return self.reset()
+        if seq is None:
+            for cache in self._more_caches:
+                cache.reset()
+            self._more_tokens = [[] for _ in self._more_caches]
         if self.cache is not None:
             self.cache.reset()
         self._dynamic = None
         self._dynamic_len = 0
         self._tokens = []
 
-    def save_state(self) -> tuple[list[int], torch.Tensor]:
+    def save_state(self, seq: int = 0) -> tuple[list[int], torch.Tensor]:
         """A snapshot of the static cache: the token ids it holds and a copy of their keys
         and values ``[L, 2, 1, H, n, D]`` (on the model's device), for :meth:`load_state`."""
+        if seq:
+            with self._bound(seq):
+                return self.save_state()
         if self.cache is None:
             raise NSDError("this model's cache (sliding window) cannot be saved")
         n = self.cache.position
         return list(self._tokens), self.cache.storage[..., :n, :].clone()
 
-    def load_state(self, tokens: Sequence[int], state: torch.Tensor) -> None:
+    def load_state(self, tokens: Sequence[int], state: torch.Tensor, seq: int = 0) -> None:
         """Replace the cache with a snapshot of :meth:`save_state`."""
+        if seq:
+            with self._bound(seq):
+                return self.load_state(tokens, state)
         if self.cache is None:
             raise NSDError("this model's cache (sliding window) cannot be restored")
         n = len(tokens)
         self.cache.storage[..., :n, :].copy_(state)
         self.cache.position = n
         self._tokens = list(tokens)
+
+    # ----------------------------------------------------------- several sequences
+    # Sequence 0 is the cache every single-sequence call uses; sequences 1.. (after
+    # set_sequences) have caches of their own. forward_many runs several sequences' new
+    # tokens as one padded batch, eagerly (graphs are per cache address and length).
+
+    def set_sequences(self, n_seq: int) -> None:
+        """Hold ``n_seq`` sequences of :attr:`max_positions` tokens each (every cache
+        emptied); their forwards then run eagerly."""
+        if self.cache is None:
+            raise NSDError("this model's cache (sliding window) cannot hold several sequences")
+        if n_seq < 1:
+            raise NSDError(f"the number of sequences must be >= 1, got {n_seq}")
+        self.reset()
+        config = self.model.config
+        self._more_caches = [StaticKVCache.for_config(config, self.max_positions, self.dtype, self.device)
+                             for _ in range(n_seq - 1)]
+        self._more_tokens = [[] for _ in range(n_seq - 1)]
+        if n_seq > 1:
+            self._graphed = None
+
+    @property
+    def n_sequences(self) -> int:
+        return 1 + len(self._more_caches)
+
+    def _cache_of(self, seq: int) -> StaticKVCache:
+        return self.cache if seq == 0 else self._more_caches[seq - 1]
+
+    def _tokens_of(self, seq: int) -> list[int]:
+        return self._tokens if seq == 0 else self._more_tokens[seq - 1]
+
+    @contextlib.contextmanager
+    def _bound(self, seq: int) -> Iterator[None]:
+        """Run a single-sequence method on sequence ``seq``."""
+        if seq == 0:
+            yield
+            return
+        if not 0 < seq < self.n_sequences:
+            raise ValueError(f"sequence {seq} outside [0, {self.n_sequences})")
+        cache0, tokens0 = self.cache, self._tokens
+        self.cache, self._tokens = self._more_caches[seq - 1], self._more_tokens[seq - 1]
+        try:
+            yield
+        finally:
+            self._more_tokens[seq - 1] = self._tokens
+            self.cache, self._tokens = cache0, tokens0
+
+    def seq_num_cached(self, seq: int) -> int:
+        return self._cache_of(seq).position
+
+    def seq_cached_tokens(self, seq: int) -> list[int]:
+        return list(self._tokens_of(seq))
+
+    @torch.inference_mode()
+    def forward_many(self, items: Sequence[tuple[int, Sequence[int], bool]]) -> list[torch.Tensor]:
+        """Several sequences' new tokens in one forward: ``(seq, tokens, all_logits)`` per
+        sequence; each one's logits as :meth:`forward` gives them (up to rounding: a
+        batch's matrix products may accumulate in another order)."""
+        if len(items) == 1:
+            seq, tokens, all_logits = items[0]
+            with self._bound(seq):
+                return [self.forward(tokens, all_logits)]
+        seqs = [int(seq) for seq, _, _ in items]
+        if len(set(seqs)) != len(seqs) or not all(0 <= s < self.n_sequences for s in seqs):
+            raise ValueError(f"sequences {seqs}: each must appear once, in [0, {self.n_sequences})")
+        caches = [self._cache_of(s) for s in seqs]
+        lengths = [len(tokens) for _, tokens, _ in items]
+        for cache, n in zip(caches, lengths):
+            if n == 0:
+                raise ValueError("forward needs at least one token per sequence")
+            if cache.position + n > self.max_positions:
+                raise NSDError(f"sequence of {cache.position + n} tokens exceeds the context of "
+                               f"{self.max_positions} (raise --n-ctx, up to the model's maximum)")
+        width = max(lengths)
+        ids = torch.zeros(len(items), width, dtype=torch.long)  # [B, n]; padding never stored
+        for b, (_, tokens, _) in enumerate(items):
+            ids[b, :lengths[b]] = torch.tensor(list(tokens), dtype=torch.long)
+        gathered = GatheredKVCache(caches, lengths, width)
+        positions = torch.tensor(gathered.starts, device=self.device)[:, None] + \
+            torch.arange(width, device=self.device)  # [B, n]
+        mask = batch_causal_mask(gathered.starts, width, gathered.kv_len, self.dtype, self.device)
+        kwargs: dict[str, Any] = {"input_ids": ids.to(self.device), "position_ids": positions,
+                                  "attention_mask": mask, self._cache_kwarg: gathered,
+                                  "use_cache": True}
+        if self._keep_kwarg is not None:
+            kwargs[self._keep_kwarg] = 0
+        for cache in caches:
+            cache.static_shapes = False
+        logits = self.model(**kwargs).logits.float()  # [B, n, V]
+        out = []
+        for b, (seq, tokens, all_logits) in enumerate(items):
+            n = lengths[b]
+            out.append(logits[b, :n] if all_logits else logits[b, n - 1:n])
+            caches[b].advance(n)
+            self._tokens_of(seq).extend(int(t) for t in tokens)
+        return out

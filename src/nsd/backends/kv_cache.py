@@ -134,3 +134,63 @@ def causal_mask(start: int | torch.Tensor, num_new: int, kv_len: int, dtype: tor
     mask = torch.zeros(visible.shape, dtype=dtype, device=device)
     mask = mask.masked_fill(~visible, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+class GatheredKVCache(_HFCache):
+    """One forward's cache over several sequences' :class:`StaticKVCache`, for a batch
+    whose row ``b`` holds ``lengths[b]`` new tokens of sequence ``caches[b]`` padded to a
+    common width ``n``.
+
+    ``update`` stores each row's real new keys/values in its own cache (padding is never
+    stored) and returns ``[B, H, kv_len, D]``: row ``b`` holds its cached prefix, then its
+    ``n`` new entries from ``starts[b]`` on; the caller's mask (:func:`batch_causal_mask`)
+    hides everything a row's query must not see, so the rest is never read.
+    """
+
+    def __init__(self, caches: list[StaticKVCache], lengths: list[int], width: int) -> None:
+        try:
+            super().__init__(layers=[])
+        except TypeError:
+            super().__init__()
+        self.caches, self.lengths, self.width = caches, lengths, width
+        self.starts = [c.position for c in caches]
+        self.kv_len = max(s + width for s in self.starts)
+        self.num_layers = caches[0].num_layers
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, heads, _, dim = key_states.shape
+        out = key_states.new_zeros(2, batch, heads, self.kv_len, dim)
+        for b, (cache, start, n) in enumerate(zip(self.caches, self.starts, self.lengths)):
+            if start + n > cache.max_len:
+                raise ValueError(f"KV cache overflow: {start + n} positions, room for {cache.max_len}")
+            for i, new in enumerate((key_states, value_states)):
+                stored = cache.storage[layer_idx, i, 0]  # [H, max_len, D]
+                stored[:, start:start + n] = new[b, :, :n]
+                out[i, b, :, :start] = stored[:, :start]
+                out[i, b, :, start:start + self.width] = new[b]
+        return out[0], out[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return min(self.starts)
+
+    def get_max_length(self) -> int:
+        return self.kv_len
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.kv_len
+
+
+def batch_causal_mask(starts: list[int], width: int, kv_len: int, dtype: torch.dtype,
+                      device: torch.device) -> torch.Tensor:
+    """Additive mask ``[B, 1, width, kv_len]``: row ``b``'s query ``i`` (at position
+    ``starts[b] + i``) sees keys ``0 .. starts[b] + i``, as :func:`causal_mask` for one."""
+    query_pos = torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)  # [B, n]
+    key_pos = torch.arange(kv_len, device=device)  # [kv_len]
+    visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, n, kv_len]
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    mask = mask.masked_fill(~visible, torch.finfo(dtype).min)
+    return mask[:, None]

@@ -2,7 +2,7 @@
 
 ``nsd serve`` parses flags and calls :func:`run_server`; tests build the app directly with
 :func:`create_app` around any engine-like object. Layers: ``protocol`` (request models,
-response and error bodies), ``worker`` (the single decode thread and its FIFO queue),
+response and error bodies), ``worker`` (the decode slots and their FIFO queue),
 ``metrics`` (Prometheus), ``app`` (routes), ``server`` (uvicorn, signals).
 """
 

@@ -75,9 +75,10 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     if (engine is None) == (load_engine is None):
         raise ValueError("give either an engine or a function that loads one")
     model = _Model(engine)
-    worker = DecodeWorker(engine, config.queue_size)
+    worker = DecodeWorker(engine, config.queue_size, config.parallel)
     metrics = ServeMetrics(lambda: worker.depth,
-                           lambda: getattr(model.engine, "prefix_cache", None))
+                           lambda: getattr(model.engine, "prefix_cache", None),
+                           lambda: worker.batcher, lambda: worker.running)
     if engine is not None:
         _attach_prefix_cache(engine, config)
     started = int(time.time())
@@ -123,7 +124,7 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     async def health() -> JSONResponse:
         status = "shutting_down" if worker.closing else model.status
         body = {"status": status, "model": config.model_name, "busy": worker.busy,
-                "queue_depth": worker.depth}
+                "running": worker.running, "parallel": config.parallel, "queue_depth": worker.depth}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
 
@@ -25,12 +26,14 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
     # KV snapshots of recent sequences kept for reuse (MiB; 0: only the live cache is reused).
     prefix_cache_mb: float = 1024.0
+    parallel: int = optspec.default("parallel")  # requests decoded at once (1: one at a time)
 
     def __post_init__(self) -> None:
         if not self.model_name:
             raise NSDError("the served model name is empty")
         if not 0 <= self.port <= 65535:
             raise NSDError(f"port must be in [0, 65535], got {self.port}")
+        optspec.check("parallel", self.parallel)
         if self.queue_size < 0:
             raise NSDError(f"queue size must be >= 0, got {self.queue_size}")
         for name in ("request_timeout_s", "shutdown_timeout_s"):

@@ -44,11 +44,36 @@ class _PrefixCacheCollector:
             yield family(f"nsd_prefix_cache_{name}", text, value=stats.get(name, 0))
 
 
+class _BatchCollector:
+    """The slots' batched forwards (see nsd.backends.sequences.BatchStats), read at scrape
+    time; zero while the server decodes one request at a time."""
+
+    def __init__(self, batcher: Callable[[], Any], running: Callable[[], int]) -> None:
+        self._batcher, self._running = batcher, running
+
+    def collect(self):
+        batcher = self._batcher()
+        stats = batcher.stats if batcher is not None else None
+        yield GaugeMetricFamily("nsd_requests_decoding", "requests being decoded now",
+                                value=self._running())
+        yield CounterMetricFamily("nsd_batch_forwards", "model forwards run for several "
+                                  "requests' sequences at once (one per model per batch)",
+                                  value=stats.forwards if stats else 0)
+        yield CounterMetricFamily("nsd_batch_sequences", "request sequences those forwards "
+                                  "carried (divided by nsd_batch_forwards: the mean batch)",
+                                  value=stats.sequences if stats else 0)
+        yield CounterMetricFamily("nsd_batch_tokens", "tokens those forwards carried",
+                                  value=stats.tokens if stats else 0)
+
+
 class ServeMetrics:
     def __init__(self, queue_depth: Callable[[], int],
-                 prefix_cache: Callable[[], Any] = lambda: None) -> None:
+                 prefix_cache: Callable[[], Any] = lambda: None,
+                 batcher: Callable[[], Any] = lambda: None,
+                 running: Callable[[], int] = lambda: 0) -> None:
         r = self.registry = CollectorRegistry()
         r.register(_PrefixCacheCollector(prefix_cache))
+        r.register(_BatchCollector(batcher, running))
         self.requests = Counter("nsd_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.rejections = Counter("nsd_rejections", "generation requests refused before decoding "
@@ -88,7 +113,7 @@ class ServeMetrics:
         self.deviation_per_token = Histogram("nsd_deviation_per_token", "D / new tokens, per "
                                              "request", ["method"], buckets=DEVIATION_BUCKETS,
                                              registry=r)
-        self.queue_depth = Gauge("nsd_queue_depth", "requests waiting behind the running one",
+        self.queue_depth = Gauge("nsd_queue_depth", "requests waiting behind the running ones",
                                  registry=r)
         self.queue_depth.set_function(queue_depth)
         self.in_progress = Gauge("nsd_requests_in_progress", "generation requests admitted and "

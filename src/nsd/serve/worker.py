@@ -1,8 +1,14 @@
-"""One decode thread per engine, fed by a bounded FIFO queue.
+"""Decode threads, one per sequence slot, fed by a bounded FIFO queue.
 
-The engine is single-sequence (one KV cache, batch size 1), so requests are decoded one at
-a time, in arrival order, on a dedicated thread; the event loop only waits on events the
-thread hands over with ``loop.call_soon_threadsafe`` and is never blocked by decoding.
+With ``parallel`` = 1 requests are decoded one at a time, in arrival order, on a dedicated
+thread. With ``parallel`` = n the engine is split into n slots (:meth:`Engine.batched`):
+each has its own sequence in the models' caches and its own thread, and the slots'
+forwards run together (:class:`nsd.backends.sequences.StepBatcher`), so up to n requests
+are decoded at once, each with its own settings, random stream, rule, budget and
+statistics. A waiting request goes to the free slot whose cache shares the longest prefix
+with its prompt (the slot that served the conversation's last turn). The event loop only
+waits on events the threads hand over with ``loop.call_soon_threadsafe`` and is never
+blocked by decoding.
 
 Cancellation is cooperative: :meth:`Job.cancel` sets a flag that the thread checks before
 pulling each chunk out of :meth:`Engine.stream`, i.e. once per decoding block. A job still
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from nsd.api import GenerationConfig, GenerationResult
+from nsd.backends.base import cached_tokens, common_prefix_length
 from nsd.errors import NSDError
 
 log = logging.getLogger("nsd.serve")
@@ -72,17 +79,24 @@ class Job:
 
 
 class DecodeWorker:
-    """Runs jobs one at a time on its own thread; at most ``capacity`` wait behind it."""
+    """Runs up to ``parallel`` jobs at once on threads of its own; at most ``capacity``
+    wait behind them."""
 
-    def __init__(self, engine: StreamingEngine | None, capacity: int) -> None:
+    def __init__(self, engine: StreamingEngine | None, capacity: int, parallel: int = 1) -> None:
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
         self._engine = engine
         self._capacity = capacity
+        self.parallel = parallel
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
-        self._running: Job | None = None
+        self._slots: list[Any] = []  # one engine per slot
+        self._assigned: list[Job | None] = []  # each slot's job, set by _assign
+        self._running: list[Job | None] = []
+        self.batcher: Any = None  # the slots' StepBatcher (parallel > 1)
         self._closing = False
         self._mean_job_s = 1.0  # running mean of job time, for Retry-After
-        self._thread = threading.Thread(target=self._run, name="nsd-decode", daemon=True)
+        self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ loop-side API
     def start(self, engine: StreamingEngine | None = None) -> None:
@@ -91,16 +105,30 @@ class DecodeWorker:
             self._engine = engine
         if self._engine is None:
             raise RuntimeError("the worker has no engine to run")
-        self._thread.start()
+        if self.parallel > 1 and hasattr(self._engine, "batched"):
+            self._slots, self.batcher = self._engine.batched(self.parallel)
+        else:
+            self._slots = [self._engine]
+        self._assigned = [None] * len(self._slots)
+        self._running = [None] * len(self._slots)
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"nsd-decode-{i}", daemon=True)
+                         for i in range(len(self._slots))]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def depth(self) -> int:
-        """Requests waiting (not counting the one being decoded)."""
+        """Requests waiting (not counting those being decoded)."""
         return len(self._pending)
 
     @property
+    def running(self) -> int:
+        """Requests being decoded now."""
+        return sum(job is not None for job in self._running)
+
+    @property
     def busy(self) -> bool:
-        return self._running is not None
+        return self.running > 0
 
     @property
     def closing(self) -> bool:
@@ -111,11 +139,11 @@ class DecodeWorker:
             if self._closing:
                 raise ShuttingDown()
             if len(self._pending) >= self._capacity:
-                # The wait ahead is about one mean job per queued request plus the running one.
-                wait = (len(self._pending) + 1) * self._mean_job_s
+                # The wait ahead: the queued requests and the running ones, `parallel` at once.
+                wait = (len(self._pending) + 1) * self._mean_job_s / self.parallel
                 raise QueueFull(max(1, math.ceil(wait)))
             self._pending.append(job)
-            self._cond.notify()
+            self._assign()
 
     def withdraw(self, job: Job) -> bool:
         """Remove a job that has not started; False if it already started or finished."""
@@ -127,7 +155,7 @@ class DecodeWorker:
                 return False
 
     def begin_shutdown(self) -> None:
-        """Refuse new jobs and cancel the waiting ones; the running one goes on."""
+        """Refuse new jobs and cancel the waiting ones; the running ones go on."""
         with self._cond:
             self._closing = True
             dropped = list(self._pending)
@@ -138,42 +166,64 @@ class DecodeWorker:
             job.emit("cancelled", "shutdown")
 
     def cancel_running(self, reason: str) -> None:
-        """Cancel the job being decoded (at its next block), if any."""
-        running = self._running
-        if running is not None:
-            running.cancel(reason)
+        """Cancel the jobs being decoded (each at its next block)."""
+        for job in list(self._running):
+            if job is not None:
+                job.cancel(reason)
 
     def stop(self, timeout_s: float) -> None:
-        """Shut down, cancel the running job at its next block, and join the thread."""
+        """Shut down, cancel the running jobs at their next block, and join the threads."""
         self.begin_shutdown()
         self.cancel_running("shutdown")
-        if self._thread.ident is not None:  # never started when the model did not load
-            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:  # none when the model did not load
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ thread side
-    def _run(self) -> None:
+    def _assign(self) -> None:
+        """Hand waiting jobs, oldest first, to free slots (the condition is held): each to
+        the free slot whose target cache shares the longest prefix with its prompt."""
+        while self._pending:
+            free = [i for i, job in enumerate(self._assigned) if job is None]
+            if not free:
+                return
+            job = self._pending.popleft()
+            self._assigned[max(free, key=lambda i: self._shared_prefix(i, job.prompt_ids))] = job
+            self._cond.notify_all()
+
+    def _shared_prefix(self, slot: int, prompt_ids: Sequence[int]) -> int:
+        held = cached_tokens(getattr(self._slots[slot], "target", None))
+        return common_prefix_length(held, prompt_ids) if held is not None else 0
+
+    def _run(self, slot: int) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
+                while self._assigned[slot] is None and not self._closing:
                     self._cond.wait()
-                if not self._pending:
+                job = self._assigned[slot]
+                if job is None:
                     return
-                job = self._running = self._pending.popleft()
+                self._running[slot] = job
             started = time.perf_counter()
             try:
-                self._execute(job)
+                if self.batcher is not None:
+                    with self.batcher.member():
+                        self._execute(job, self._slots[slot])
+                else:
+                    self._execute(job, self._slots[slot])
             finally:
-                self._running = None
-            self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+                with self._cond:
+                    self._running[slot] = self._assigned[slot] = None
+                    self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+                    self._assign()
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job, engine: StreamingEngine) -> None:
         if job.cancelled:
             job.emit("cancelled", job.cancel_reason)
             return
         job.emit("start")
-        assert self._engine is not None  # start() saw to it
         try:
-            stream = self._engine.stream(job.prompt_ids, job.config)
+            stream = engine.stream(job.prompt_ids, job.config)
             while True:
                 if job.cancelled:
                     stream.close()  # frees the decode generator; the next job resets the cache

@@ -1,0 +1,148 @@
+"""Several requests decoded at once, their forwards batched (nsd.backends.sequences,
+Engine.batched): each request's tokens and statistics are those it gets alone, with the
+same seed and a fixed k; forwards really carry several sequences; one request's failure
+is its own."""
+
+from __future__ import annotations
+
+import string
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from mock import CharTokenizer, MockLM
+from nsd.api import Engine, GenerationConfig
+from nsd.backends.sequences import StepBatcher
+from nsd.errors import NSDError
+
+CONFIGS = [
+    GenerationConfig(method="ar", max_new_tokens=14, temperature=1.0, seed=3),
+    GenerationConfig(method="sd", k=3, max_new_tokens=17, temperature=1.0, seed=4),
+    GenerationConfig(method="nsd", theta=0.9, k=2, max_new_tokens=15, temperature=0.8, seed=5),
+    GenerationConfig(method="sd", k=4, max_new_tokens=12, temperature=0.0, seed=6),
+]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 1], [2, 2, 2, 2, 2, 2, 2]]
+
+
+def _run_together(slots: list[Engine], batcher: StepBatcher, prompts: list[list[int]],
+                  configs: list[GenerationConfig]) -> list[Any]:
+    """Each request on its own thread, all members before any forward (so that the
+    forwards meet), as the server's slots run them."""
+    results: list[Any] = [None] * len(prompts)
+    ready = threading.Barrier(len(prompts))
+
+    def run(i: int) -> None:
+        with batcher.member():
+            ready.wait()
+            try:
+                results[i] = slots[i].generate(prompts[i], configs[i])
+            except Exception as exc:  # noqa: BLE001 - checked by the caller
+                results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a request never finished (deadlock?)"
+    return results
+
+
+def _same(alone: Any, batched: Any) -> None:
+    assert batched.token_ids == alone.token_ids
+    a, b = alone.stats, batched.stats
+    assert (b.accepted_tokens, b.drafted_tokens, b.target_passes, b.relaxed_accepts) == \
+        (a.accepted_tokens, a.drafted_tokens, a.target_passes, a.relaxed_accepts)
+    assert b.deviation == pytest.approx(a.deviation, rel=1e-6, abs=1e-12)
+
+
+def _mock_engine() -> Engine:
+    return Engine.from_backends(MockLM(seed=1), CharTokenizer(), draft=MockLM(seed=2), proposer="draft")
+
+
+def test_mock_requests_batched_match_each_alone() -> None:
+    alone = [_mock_engine().generate(p, c) for p, c in zip(PROMPTS, CONFIGS)]
+    engine = _mock_engine()
+    slots, batcher = engine.batched(len(PROMPTS))
+    batched = _run_together(slots, batcher, PROMPTS, CONFIGS)
+    for a, b in zip(alone, batched):
+        _same(a, b)
+    # Forwards carried several sequences (target and draft alike), and each sequence's
+    # cache holds its own context.
+    assert max(engine.target.batch_sizes) == len(PROMPTS)
+    assert max(engine.draft.batch_sizes) > 1
+    assert batcher.stats.largest == len(PROMPTS)
+    for seq, (prompt, result) in enumerate(zip(PROMPTS, batched)):
+        held = engine.target.seq_cached_tokens(seq)
+        assert held[:len(prompt) + len(result.token_ids) - 1] == prompt + result.token_ids[:-1]
+
+
+def test_a_member_that_leaves_does_not_hold_the_others() -> None:
+    """Requests of very different lengths: when the short ones end, the long one's
+    forwards run alone instead of waiting for members that are gone."""
+    engine = _mock_engine()
+    slots, batcher = engine.batched(3)
+    configs = [GenerationConfig(method="sd", k=2, max_new_tokens=n, temperature=1.0, seed=i)
+               for i, n in enumerate((2, 5, 60))]
+    results = _run_together(slots, batcher, PROMPTS[:3], configs)
+    assert [len(r.token_ids) for r in results] == [2, 5, 60]
+    assert batcher.members == 0 and 1 in batcher.stats.by_size and 3 in batcher.stats.by_size
+
+
+def test_batched_engine_refuses_a_k_max_whose_costs_it_did_not_measure() -> None:
+    engine = _mock_engine()
+    slots, _ = engine.batched(2)
+    with pytest.raises(NSDError, match="k_max"):
+        slots[0].generate([1, 2], GenerationConfig(method="sd", k="auto", k_max=engine.k_max + 4))
+
+
+transformers = pytest.importorskip("transformers")
+VOCAB = 97
+
+
+def _tiny_qwen2(seed: int, layers: int) -> torch.nn.Module:
+    config = transformers.Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256,
+        tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def hf_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    return _tiny_qwen2(0, layers=2), _tiny_qwen2(1, layers=1)
+
+
+def _hf_engine(models: tuple[torch.nn.Module, torch.nn.Module], max_len: int = 128) -> Engine:
+    target, draft = models
+    return Engine.from_models(target, CharTokenizer(string.printable[:VOCAB]), draft_model=draft,
+                              max_len=max_len)
+
+
+def test_transformers_float32_requests_batched_match_each_alone(hf_models) -> None:
+    """The issue's identity check: on the float32 transformers backend, where a padded
+    batch changes logits only by rounding, a request's tokens and statistics batched equal
+    those it gets alone with the same seed and fixed k."""
+    prompts = [[(7 * i + 3 * j) % (VOCAB - 1) + 1 for j in range(4 + 5 * i)] for i in range(4)]
+    alone = [_hf_engine(hf_models).generate(p, c) for p, c in zip(prompts, CONFIGS)]
+    engine = _hf_engine(hf_models)
+    slots, batcher = engine.batched(len(prompts))
+    batched = _run_together(slots, batcher, prompts, CONFIGS)
+    for a, b in zip(alone, batched):
+        _same(a, b)
+    assert batcher.stats.largest == len(prompts)  # real padded batches of all four
+
+
+def test_one_requests_full_context_fails_it_alone(hf_models) -> None:
+    engine = _hf_engine(hf_models, max_len=40)
+    slots, batcher = engine.batched(3)
+    prompts = [[5, 6, 7], [8, 9], [3] * 30]  # the last runs out of room after ~10 tokens
+    configs = [GenerationConfig(method="sd", k=2, max_new_tokens=n, temperature=0.0)
+               for n in (12, 12, 30)]
+    results = _run_together(slots, batcher, prompts, configs)
+    assert isinstance(results[2], NSDError) and "exceeds the context" in str(results[2])
+    for prompt, config, result in zip(prompts[:2], configs[:2], results[:2]):
+        _same(_hf_engine(hf_models, max_len=40).generate(prompt, config), result)
