@@ -91,8 +91,8 @@ class DecodeWorker:
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
         self._slots: list[Any] = []  # one engine per slot
-        self._assigned: list[Job | None] = []  # each slot's job, set by _assign
-        self._running: list[Job | None] = []
+        # Each slot's job, from leaving the queue (_assign) to its end: the running jobs.
+        self._assigned: list[Job | None] = []
         self.batcher: Any = None  # the slots' StepBatcher (parallel > 1)
         self._closing = False
         self._mean_job_s = 1.0  # running mean of job time, for Retry-After
@@ -110,7 +110,6 @@ class DecodeWorker:
         else:
             self._slots = [self._engine]
         self._assigned = [None] * len(self._slots)
-        self._running = [None] * len(self._slots)
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"nsd-decode-{i}", daemon=True)
                          for i in range(len(self._slots))]
         for thread in self._threads:
@@ -124,7 +123,7 @@ class DecodeWorker:
     @property
     def running(self) -> int:
         """Requests being decoded now."""
-        return sum(job is not None for job in self._running)
+        return sum(job is not None for job in self._assigned)
 
     @property
     def busy(self) -> bool:
@@ -167,7 +166,7 @@ class DecodeWorker:
 
     def cancel_running(self, reason: str) -> None:
         """Cancel the jobs being decoded (each at its next block)."""
-        for job in list(self._running):
+        for job in list(self._assigned):
             if job is not None:
                 job.cancel(reason)
 
@@ -203,7 +202,6 @@ class DecodeWorker:
                 job = self._assigned[slot]
                 if job is None:
                     return
-                self._running[slot] = job
             started = time.perf_counter()
             try:
                 if self.batcher is not None:
@@ -213,7 +211,7 @@ class DecodeWorker:
                     self._execute(job, self._slots[slot])
             finally:
                 with self._cond:
-                    self._running[slot] = self._assigned[slot] = None
+                    self._assigned[slot] = None
                     self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
                     self._assign()
 
