@@ -183,7 +183,8 @@ class LlamaCppBackend:
         # splits a batch into micro-batches of equal token counts over consecutive
         # sequence ids ("split_equal"), so a batch of sequences {0, 2}, or of a prefill
         # beside one-token steps, became several forwards; unified, any batch is one.
-        # On a 2-core Zen 4 (Q4_0 1.5B, four requests of 40-90 tokens) a forward of one
+        # On a 2-core Zen 4 (Q4_0 1.5B, four requests of 40-90 tokens; an exploratory
+        # measurement, BENCHMARKS.md "Serving: several requests per forward") a forward of one
         # token each took 63 ms unified against 83 ms per stream. The price: each query
         # attends over every sequence's cells (masked), so long contexts in many
         # sequences cost more (16 sequences of 300 tokens: 266 ms against 174 ms).

@@ -21,8 +21,9 @@ The backends themselves are not thread-safe: every call into them (forwards, rew
 snapshots) holds :attr:`StepBatcher.lock`. The forwards all run on one thread of the
 batcher's own: llama.cpp built with OpenMP keeps a team of worker threads per calling
 thread, and forwards called from whichever member completed the set left the other
-members' idle teams spinning on the cores. On a 2-core Zen 4, four requests' one-token
-forwards took 165 ms that way against 50 ms from a single thread.
+members' idle teams spinning on the cores (a suspicion, not a measurement: the slow
+batches measured then came mostly from llama.cpp's batch splitting, see
+the comment on the KV cache in :mod:`nsd.backends.llama_cpp`).
 """
 
 from __future__ import annotations
