@@ -4,7 +4,8 @@
 # (scripts/patches/ggml-vnni-small-batch.patch; run "humaneval-t0") and with ggml's own
 # kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"); and Spec-Bench at T = 0 and 0.8
 # with the default kernels ("spec-bench-t0", "spec-bench-t0.8"); the draft model against the
-# hybrid proposer on both ("humaneval-t0-hybrid", "spec-bench-t0-hybrid"). On an AMX CPU, GGML_NO_AMX=1
+# hybrid proposer on both ("humaneval-t0-hybrid", "spec-bench-t0-hybrid"; with the stored
+# starting estimates of each proposer, "...-hybrid-priors"). On an AMX CPU, GGML_NO_AMX=1
 # leaves ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX
 # uses; on a CPU without AMX the variable changes nothing. Resumable (each journal is
 # continued).
@@ -34,6 +35,14 @@ for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
                 --proposers draft,hybrid ;;
             spec-bench-t0-hybrid) run spec-bench-t0-hybrid "" --dataset spec-bench --limit 3 \
                 --per-category --proposers draft,hybrid ;;
+            # The same two after the per-proposer starting estimates (src/nsd/priors.py), and
+            # the sampled setting's.
+            humaneval-t0-hybrid-priors) run humaneval-t0-hybrid-priors "" --dataset humaneval \
+                --limit 40 --proposers draft,hybrid ;;
+            spec-bench-t0-hybrid-priors) run spec-bench-t0-hybrid-priors "" --dataset spec-bench \
+                --limit 3 --per-category --proposers draft,hybrid ;;
+            spec-bench-t0.8-hybrid-priors) run spec-bench-t0.8-hybrid-priors "" --dataset spec-bench \
+                --limit 1 --per-category --proposers draft,hybrid --temperature 0.8 --top-p 0.95 ;;
             *) echo "unknown run $one" >&2; exit 2 ;;
         esac
     done

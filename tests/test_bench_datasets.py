@@ -109,3 +109,14 @@ def test_bad_inputs(tmp_path: Path) -> None:
         load_prompts(DatasetConfig(names=(str(bad),)))
     with pytest.raises(NSDError, match="--limit"):
         DatasetConfig(limit=0)
+
+
+def test_custom_jsonl_rows_may_say_whether_the_chat_template_applies(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "mixed.jsonl", [{"prompt": "def f():\n", "chat": False},
+                                                   {"prompt": "Explain f."}])
+    assert [p.chat for p in load_prompts(DatasetConfig(names=(str(path),)))] == [False, True]
+    forced = load_prompts(DatasetConfig(names=(str(path),), chat=True))
+    assert [p.chat for p in forced] == [True, True]  # --chat overrides the rows
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "x", "chat": "yes"}])
+    with pytest.raises(NSDError, match="row 1 has a chat field"):
+        load_prompts(DatasetConfig(names=(str(bad),)))

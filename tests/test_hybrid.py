@@ -148,3 +148,32 @@ def test_sampled_sd_with_hybrid_blocks_keeps_the_target_law() -> None:
     dof = len(cells) - 1
     assert dof >= 10, dof
     assert chi2 < dof + 5 * math.sqrt(2 * dof), (chi2, dof)
+
+
+def test_acceptance_counts_split_by_source_agree_with_the_totals() -> None:
+    """The per-source counts the stored priors are made from: lookup blocks by match length
+    and draft-model blocks, each test a position reached, summing to the per-position totals
+    and to each proposer's accepts."""
+    target = MockLM(seed=30, sharpness=4.0)
+    config = DecodeConfig(sampling=SamplingConfig(), auto_k=True, k_max=6, max_new_tokens=40)
+    _, stats = _repetitive_run(target, config, policy_seed=0)
+    counts = stats.acceptance_counts
+    assert "draft" in counts and any(key.startswith("lookup:") for key in counts)
+    assert set(counts) <= {"draft"} | {f"lookup:{m}" for m in range(1, 4)}  # max_ngram 3
+    assert sum(c[0] for c in counts.values()) == sum(stats.position_attempts)
+    assert sum(c[1] for c in counts.values()) == stats.accepted_tokens
+    assert sum(c[1] for key, c in counts.items() if key != "draft") == stats.lookup_accepted
+    assert all(0 <= accepts <= tests for tests, accepts in counts.values())
+
+
+def test_each_match_length_starts_from_its_own_prior() -> None:
+    policy = CostModelK(StepCosts((0.04, 0.05, 0.055, 0.06, 0.065), draft=0.015),
+                        AcceptanceTracker(4, prior=0.9), k_max=4, seed=0,
+                        lookup_tracker=AcceptanceTracker(4, prior=0.5),
+                        lookup_prior=lambda m: (0.1, 0.4, 0.8)[min(m, 3) - 1])
+    assert [policy._lookup(m).prior for m in (1, 2, 3, 5)] == [0.1, 0.4, 0.8, 0.8]
+    assert policy.lookup_tracker.prior == 0.5  # the template is untouched
+    # A copy after a one-token match starts at 0.1 against the draft model's 0.9: the draft
+    # model keeps the block; after a three-token match the free copy wins.
+    assert not any(policy.plan(100, free=4, match=1)[1] for _ in range(20))
+    assert policy.plan(100, free=4, match=3)[1] is True

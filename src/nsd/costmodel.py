@@ -269,6 +269,9 @@ class CostModelK:
     # token, so each match length learns its own estimate (copies of the template below).
     lookup_tracker: AcceptanceTracker | None = None
     lookup_trackers: dict[int, AcceptanceTracker] = field(default_factory=dict)
+    # The starting estimate of lookups after an m-token match (None: the template's prior);
+    # see :mod:`nsd.priors`.
+    lookup_prior: Callable[[int], float] | None = None
     # A draft that sat out plain steps must first read what it missed: ``catchup`` times
     # its step cost per missed token (a batched forward costs far less per token than a
     # single step: a 95-token prefill of the 1.5B took ~0.3 steps per token on 2 cores).
@@ -364,6 +367,8 @@ class CostModelK:
         if tracker is None:
             assert self.lookup_tracker is not None
             tracker = self.lookup_trackers[match] = self.lookup_tracker.copy()
+            if self.lookup_prior is not None:
+                tracker.prior = self.lookup_prior(match)
         return tracker
 
     def _lookup_choice(self, free: int, match: int) -> tuple[int, float, float] | None:

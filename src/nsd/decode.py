@@ -99,6 +99,12 @@ class DecodeStats:
     lookup_drafted: int = 0
     lookup_accepted: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
+    # What the -k auto policy learns from, per source of blocks: "draft" (the draft model)
+    # and "lookup:N" (prompt lookup after a matched n-gram of N tokens), each as [tests,
+    # accepts] over draft positions whose test ran (up to the first rejection), so
+    # accepts / tests is that source's per-position conditional acceptance. Stored starting
+    # estimates (:mod:`nsd.priors`) are made from these counts.
+    acceptance_counts: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -241,6 +247,7 @@ def decode(
     free_length = getattr(proposer, "free_length", None) if config.speculative else None
     plan = getattr(policy, "plan", None)
     lookup_blocks = lookup_drafted = lookup_accepted = 0
+    acceptance_counts: dict[str, list[int]] = {}
     begin = getattr(proposer, "begin", None)
     if callable(begin):  # where the generated tokens start (penalties count only those)
         begin(len(prompt_ids))
@@ -324,6 +331,9 @@ def decode(
             if from_lookup:
                 lookup_drafted += tried
                 lookup_accepted += emitted_acc
+            counts = acceptance_counts.setdefault(f"lookup:{match}" if from_lookup else "draft", [0, 0])
+            counts[0] += min(n_acc + 1, n)  # as the policy counts them (an EOS cut aside)
+            counts[1] += n_acc
             relaxed += int(result.relaxed[0, :emitted_drafts].sum())
             for i in range(min(emitted_acc + 1, emitted_drafts)):
                 attempts[i] += 1
@@ -373,6 +383,7 @@ def decode(
         lookup_drafted=lookup_drafted,
         lookup_accepted=lookup_accepted,
         cached_prompt_tokens=reused,
+        acceptance_counts=acceptance_counts,
     )
 
 

@@ -15,15 +15,16 @@ import torch
 from nsd.backends.base import ModelBackend
 from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
-from nsd.decode import DecodeConfig, DecodeStats, decode
+from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
-from nsd.models.registry import resolve_model
+from nsd.models.registry import REGISTRY, resolve_model
 from nsd.prefix_cache import PrefixCache
+from nsd.priors import AcceptancePriors, stored_priors
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import HybridProposer
@@ -70,6 +71,9 @@ class Engine:
         self.proposer_kind = proposer
         self.ngram = ngram
         self.k_max = k_max
+        # Registry names key the stored acceptance priors (a file given by path has none).
+        self.model_names = (target if target in REGISTRY else None,
+                            draft if draft in REGISTRY else None)
         if proposer in _NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
@@ -237,9 +241,12 @@ class Engine:
             draft_cost = self.draft_model.step_costs(1)[0]
         host = self._host_costs(config)
         costs = host.apply(target_costs, draft_cost, draft_model=drafts)
-        lookup = AcceptanceTracker(config.k_max) if self.proposer_kind == "hybrid" else None
-        policy = CostModelK(costs, AcceptanceTracker(config.k_max),
-                            config.k_max, seed=config.seed, lookup_tracker=lookup)
+        priors = self.acceptance_priors(config)
+        lookup = AcceptanceTracker(config.k_max, priors.for_lookup(1)) \
+            if self.proposer_kind == "hybrid" else None
+        policy = CostModelK(costs, AcceptanceTracker(config.k_max, priors.draft),
+                            config.k_max, seed=config.seed, lookup_tracker=lookup,
+                            lookup_prior=priors.for_lookup if lookup is not None else None)
         if hasattr(self.target, "batch_others"):  # a slot of batched(): price the shared forwards
             draft_table = self.draft_model.step_costs(config.k_max + 1) if drafts else ()
             priced: dict[tuple[int, int], StepCosts] = {}
@@ -254,6 +261,16 @@ class Engine:
 
             policy.reprice = reprice
         return policy
+
+    def acceptance_priors(self, config: DecodeConfig) -> AcceptancePriors:
+        """Where ``-k auto``'s acceptance estimates start for this generation: the values
+        stored for this model pair and setting (:mod:`nsd.priors`), else the default."""
+        names = getattr(self, "model_names", (None, None))  # None: built from backends
+        draft = names[1] if self.proposer_kind in _NEEDS_DRAFT else None
+        if names[0] is None or not config.speculative or \
+                (self.proposer_kind in _NEEDS_DRAFT and draft is None):
+            return AcceptancePriors()
+        return stored_priors(names[0], draft, method_name(config), config.sampling.greedy)
 
     def _host_costs(self, config: DecodeConfig) -> HostCosts:
         """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):

@@ -117,7 +117,7 @@ def _load_one(name: str, config: DatasetConfig) -> list[BenchPrompt]:
     if name == "humaneval":
         return _humaneval(_chat(config, False))
     if name.endswith(".jsonl") or Path(name).is_file():
-        return _custom(Path(name), config.prompt_field, _chat(config, True))
+        return _custom(Path(name), config.prompt_field, config.chat)
     raise NSDError(f"unknown dataset {name!r}; choose {', '.join(BUILTIN)} or give a .jsonl file")
 
 
@@ -181,7 +181,9 @@ def _humaneval(chat: bool) -> list[BenchPrompt]:
             for task_id, p in problems.items()]
 
 
-def _custom(path: Path, field: str, chat: bool) -> list[BenchPrompt]:
+def _custom(path: Path, field: str, forced_chat: bool | None) -> list[BenchPrompt]:
+    """Rows of a JSONL file. The chat template applies unless ``--no-chat`` (or a row's own
+    boolean ``chat`` field, where neither ``--chat`` nor ``--no-chat`` is given) says not."""
     if not path.is_file():
         raise NSDError(f"dataset file not found: {path}")
     dataset = path.stem
@@ -193,6 +195,9 @@ def _custom(path: Path, field: str, chat: bool) -> list[BenchPrompt]:
         if not isinstance(value, str) or not value.strip():
             raise NSDError(f"{path}: row {number} has no text field {field!r} (choose the field "
                            "with --prompt-field)")
+        chat = forced_chat if forced_chat is not None else row.get("chat", True)
+        if not isinstance(chat, bool):
+            raise NSDError(f"{path}: row {number} has a chat field that is not true or false")
         uid = row.get("question_id", row.get("id", row.get("task_id", number)))
         out.append(BenchPrompt(uid=f"{dataset}:{uid}", dataset=dataset,
                                category=str(row.get("category", dataset)), text=value, chat=chat,
