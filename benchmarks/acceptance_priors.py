@@ -16,26 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from collections import defaultdict
 from datetime import date
 from pathlib import Path
 
+from nsd.machine import cpu_description
 from nsd.priors import priors_from_counts, setting_key
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "nsd" / "acceptance_priors.json"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def collect(run: Path) -> dict[tuple[str, str], dict]:
@@ -91,7 +81,7 @@ def main() -> int:
     table["about"] = ("Starting acceptance estimates of -k auto per model pair and setting, from "
                       "held-out prompts (benchmarks/data/calibration_prompts.jsonl); see nsd.priors.")
     table["command"] = args.command
-    table["measured"] = f"{date.today().isoformat()}, {_cpu()}"
+    table["measured"] = f"{date.today().isoformat()}, {cpu_description()['model']}"
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".priors-")
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(table, indent=1, sort_keys=True) + "\n")

@@ -110,6 +110,7 @@ class Engine:
         engine.proposer_kind = proposer or ("draft" if draft is not None else "ngram")
         engine.ngram = ngram
         engine.k_max = GenerationConfig.k_max
+        engine.model_names = (None, None)  # no registry names: no stored acceptance priors
         engine.target_model = LoadedModel(target, None, None)
         engine.target = target
         engine.tokenizer = tokenizer
@@ -265,12 +266,14 @@ class Engine:
     def acceptance_priors(self, config: DecodeConfig) -> AcceptancePriors:
         """Where ``-k auto``'s acceptance estimates start for this generation: the values
         stored for this model pair and setting (:mod:`nsd.priors`), else the default."""
-        names = getattr(self, "model_names", (None, None))  # None: built from backends
-        draft = names[1] if self.proposer_kind in _NEEDS_DRAFT else None
-        if names[0] is None or not config.speculative or \
-                (self.proposer_kind in _NEEDS_DRAFT and draft is None):
+        target, draft = self.model_names
+        if self.proposer_kind not in _NEEDS_DRAFT:
+            draft = None  # prompt lookup alone: stored under (target, None)
+        elif draft is None:
+            return AcceptancePriors()  # a draft model without a registry name
+        if target is None or not config.speculative:
             return AcceptancePriors()
-        return stored_priors(names[0], draft, method_name(config), config.sampling.greedy)
+        return stored_priors(target, draft, method_name(config), config.sampling.greedy)
 
     def _host_costs(self, config: DecodeConfig) -> HostCosts:
         """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):

@@ -74,25 +74,24 @@ def priors_from_counts(counts: Mapping[str, tuple[int, int] | list[int]], source
     A source with fewer than :data:`MIN_TESTS` tests takes its neighbour's value (a lookup
     match length the next shorter one's, the shortest the draft model's); None when the
     draft model itself has too few."""
-    def rate(key: str) -> float | None:
-        tests, accepts = counts.get(key, (0, 0))
+    def rate(tests: int, accepts: int) -> float | None:
         if tests < MIN_TESTS:
             return None
         # Clamped away from 0 and 1: a prior of exactly 0 or 1 could never be moved.
         return min(max(accepts / tests, 0.02), 0.98)
 
-    draft = rate("draft")
+    draft = rate(*counts.get("draft", (0, 0)))
     if draft is None:
         return None
+    by_match = [[0, 0] for _ in range(max_match)]  # longer matches pooled into the last
+    for key, (tests, accepts) in counts.items():
+        if key.startswith("lookup:"):
+            pooled = by_match[min(int(key[len("lookup:"):]), max_match) - 1]
+            pooled[0] += tests
+            pooled[1] += accepts
     lookup, previous = [], draft
-    for m in range(1, max_match + 1):
-        value = rate(f"lookup:{m}")
-        if m == max_match:  # longer matches are pooled into the last entry
-            extra = [counts[k] for k in counts if k.startswith("lookup:") and int(k[7:]) > m]
-            if extra:
-                tests = counts.get(f"lookup:{m}", (0, 0))[0] + sum(c[0] for c in extra)
-                accepts = counts.get(f"lookup:{m}", (0, 0))[1] + sum(c[1] for c in extra)
-                value = min(max(accepts / tests, 0.02), 0.98) if tests >= MIN_TESTS else None
+    for tests, accepts in by_match:
+        value = rate(tests, accepts)
         previous = previous if value is None else value
         lookup.append(previous)
     return AcceptancePriors(round(draft, 3), tuple(round(v, 3) for v in lookup), source)
