@@ -5,7 +5,9 @@
 # kernels (GGML_VNNI_SMALL_M=0; run "humaneval-t0-ggml"); and Spec-Bench at T = 0 and 0.8
 # with the default kernels ("spec-bench-t0", "spec-bench-t0.8"); the draft model against the
 # hybrid proposer on both ("humaneval-t0-hybrid", "spec-bench-t0-hybrid"; with the stored
-# starting estimates of each proposer, "...-hybrid-priors"). On an AMX CPU, GGML_NO_AMX=1
+# starting estimates of each proposer, "...-hybrid-priors"; on all 164 HumanEval problems and at
+# T = 0.8, "humaneval164-t0-hybrid", "humaneval164-t0.8-hybrid", "spec-bench-t0.8-hybrid-x3"; HumanEval's
+# first 40 at T = 0.8, "humaneval-t0.8-hybrid"). On an AMX CPU, GGML_NO_AMX=1
 # leaves ggml's AMX kernels out, so the weights take the repacked layouts a CPU without AMX
 # uses; on a CPU without AMX the variable changes nothing. Resumable (each journal is
 # continued).
@@ -43,6 +45,16 @@ for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
                 --limit 3 --per-category --proposers draft,hybrid ;;
             spec-bench-t0.8-hybrid-priors) run spec-bench-t0.8-hybrid-priors "" --dataset spec-bench \
                 --limit 1 --per-category --proposers draft,hybrid --temperature 0.8 --top-p 0.95 ;;
+            # Whether the hybrid proposer can be the default: every HumanEval problem at both
+            # temperatures, and Spec-Bench 13 x 3 at T = 0.8.
+            humaneval164-t0-hybrid) run humaneval164-t0-hybrid "" --dataset humaneval \
+                --proposers draft,hybrid ;;
+            humaneval164-t0.8-hybrid) run humaneval164-t0.8-hybrid "" --dataset humaneval \
+                --proposers draft,hybrid --temperature 0.8 --top-p 0.95 ;;
+            humaneval-t0.8-hybrid) run humaneval-t0.8-hybrid "" --dataset humaneval --limit 40 \
+                --proposers draft,hybrid --temperature 0.8 --top-p 0.95 ;;
+            spec-bench-t0.8-hybrid-x3) run spec-bench-t0.8-hybrid-x3 "" --dataset spec-bench \
+                --limit 3 --per-category --proposers draft,hybrid --temperature 0.8 --top-p 0.95 ;;
             *) echo "unknown run $one" >&2; exit 2 ;;
         esac
     done

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mock import MockLM
+from nsd import options as optspec
 from nsd.api import Engine, GenerationConfig
 from nsd.bench import cli as bench_cli
 from nsd.bench.datasets import BenchPrompt
@@ -238,6 +239,20 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys)
     assert "unknown method 'fast'" in capsys.readouterr().err
     assert main(argv + ["--target", "custom.gguf"]) == 2  # a custom target brings no draft
     assert "need a draft model" in capsys.readouterr().err
+
+
+def test_cli_default_proposer_and_engine_default_come_from_the_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text(json.dumps({"id": 0, "prompt": PROMPTS[0].text}) + "\n")
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: fake_engine())
+    argv = ["bench", "--dataset", str(data), "--no-chat", "--methods", "ar,nsd", "--theta", "0.9",
+            "--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--no-progress", "--no-warmup"]
+    assert main(argv) == 0
+    assert f"| nsd@0.9/{optspec.default_proposer(True)} |" in capsys.readouterr().out
+    assert fake_engine().proposer_kind == optspec.default_proposer(True)
+    alone = Engine.from_backends(MockLM(vocab_size=VOCAB, seed=0), LetterTokenizer(), eos_token_ids=())
+    assert alone.proposer_kind == optspec.default_proposer(False) == "ngram"
 
 
 def test_visible_tokens_drop_the_overshoot_past_a_stop() -> None:

@@ -10,7 +10,7 @@ from mock import MockLM
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.proposers.hybrid import HybridProposer
+from nsd.proposers.hybrid import FIXED_K_MIN_MATCH, HybridProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.sampling import SamplingConfig
 from test_decode import _exact_sequence_probs, _reference_probs
@@ -177,3 +177,39 @@ def test_each_match_length_starts_from_its_own_prior() -> None:
     # model keeps the block; after a three-token match the free copy wins.
     assert not any(policy.plan(100, free=4, match=1)[1] for _ in range(20))
     assert policy.plan(100, free=4, match=3)[1] is True
+
+
+def test_with_a_fixed_k_lookup_drafts_only_after_a_long_match() -> None:
+    """No policy prices the two proposers at a fixed k, so a copy after a short match
+    (accepted far less often than the draft model's block) is not taken; after a match of
+    FIXED_K_MIN_MATCH tokens that covers the block it is, and greedy SD still equals AR."""
+    hybrid = HybridProposer(DraftModelProposer(MockLM(seed=1), SamplingConfig()), NgramProposer())
+    assert hybrid.fixed_k_lookup(free=4, k=4, match=FIXED_K_MIN_MATCH)
+    assert not hybrid.fixed_k_lookup(free=4, k=4, match=FIXED_K_MIN_MATCH - 1)
+    assert not hybrid.fixed_k_lookup(free=3, k=4, match=FIXED_K_MIN_MATCH)  # does not cover it
+    short = HybridProposer(DraftModelProposer(MockLM(seed=1), SamplingConfig()),
+                           NgramProposer(NgramConfig(max_ngram=2)))
+    assert short.fixed_k_lookup(free=4, k=4, match=2)  # its longest n-gram is the long match
+
+    target = MockLM(seed=30, sharpness=4.0)
+    greedy = SamplingConfig()
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    ar, _ = run_to_end(decode(target, prompt, DecodeConfig(speculative=False, sampling=greedy,
+                                                           max_new_tokens=30)))
+    fixed = HybridProposer(DraftModelProposer(MockLM(vocab_size=target.vocab_size, seed=31), greedy),
+                           NgramProposer())
+    matches: list[int] = []
+    free_length = fixed.free_length
+
+    def recorded(context, n):
+        free, match = free_length(context, n)
+        matches.append(match)
+        return free, match
+
+    fixed.free_length = recorded
+    tokens, stats = run_to_end(decode(target, prompt, DecodeConfig(sampling=greedy, k=2, max_new_tokens=30),
+                                      fixed))
+    assert tokens == ar
+    assert stats.lookup_blocks > 0  # the prompt's repeats give 3-token matches
+    assert stats.lookup_blocks <= sum(m >= FIXED_K_MIN_MATCH for m in matches)
+    assert stats.lookup_blocks < stats.target_passes

@@ -29,7 +29,7 @@ def _float_arg(text: str) -> float:
 def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
     from nsd.api import Engine
 
-    proposer = args.proposer if needs_proposer else ("draft" if args.draft else "ngram")
+    proposer = args.proposer if needs_proposer else optspec.default_proposer(bool(args.draft))
     return Engine(args.target, draft=args.draft, proposer=proposer, options=backend_options(args),
                   k_max=args.k_max)
 

@@ -65,10 +65,10 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
     p.add_argument("--target", required=need_target, default=None,
                    help="target model: registry name (see `nsd models list`), .gguf file or HF folder")
     p.add_argument("--draft", default=None, help="draft model (same tokenizer as the target)")
-    p.add_argument("--proposer", choices=["draft", "ngram", "hybrid"], default=None,
+    p.add_argument("--proposer", choices=optspec.PROPOSERS, default=None,
                    help="where drafts come from: the draft model, prompt lookup (ngram), or "
-                        "hybrid: both, the cheaper per block (default: draft if --draft is "
-                        "given, else ngram)")
+                        "hybrid: both, the cheaper per block (default: "
+                        f"{optspec.default_proposer(True)} if --draft is given, else ngram)")
     add_options(p, optspec.BACKEND)
     # --compile alone means torch.compile.
     for action in p._actions:

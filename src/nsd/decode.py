@@ -246,6 +246,7 @@ def decode(
     # tokens it could propose for nothing; a policy that can price both picks per block.
     free_length = getattr(proposer, "free_length", None) if config.speculative else None
     plan = getattr(policy, "plan", None)
+    fixed_k_lookup = getattr(proposer, "fixed_k_lookup", None)
     lookup_blocks = lookup_drafted = lookup_accepted = 0
     acceptance_counts: dict[str, list[int]] = {}
     begin = getattr(proposer, "begin", None)
@@ -262,9 +263,9 @@ def decode(
             k, from_lookup = 0, False
         elif plan is not None:
             k, from_lookup = plan(remaining, free, match)
-        else:  # fixed or adaptive k: lookup takes the block when it covers all of it
+        else:  # fixed or adaptive k: the proposer says whether lookup takes the block
             k = policy.next_k(remaining)
-            from_lookup = free >= k > 0
+            from_lookup = fixed_k_lookup(free, k, match) if fixed_k_lookup else False
         k = max(0, min(k, remaining - 1))
         lookup_blocks += int(from_lookup and k > 0)
         if k > len(attempts):

@@ -17,6 +17,7 @@ from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
+from nsd.options import PROPOSERS, default_proposer
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
@@ -32,10 +33,6 @@ from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.stops import StopScanner, visible_text
 
 CHAT_ROLES = ("system", "user", "assistant")
-# draft: the draft model; ngram: prompt lookup alone; hybrid: both, the policy choosing the
-# cheaper one per block (needs -k auto to price them; with a fixed k lookup takes a block
-# it covers whole).
-PROPOSERS = ("draft", "ngram", "hybrid")
 _NEEDS_DRAFT = ("draft", "hybrid")
 
 
@@ -63,7 +60,7 @@ class Engine:
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
                  draft_vocab: int | str | None = None, k_max: int = GenerationConfig.k_max) -> None:
-        proposer = proposer or ("draft" if draft else "ngram")
+        proposer = proposer or default_proposer(bool(draft))
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
         if proposer in _NEEDS_DRAFT and not draft:
@@ -107,7 +104,7 @@ class Engine:
         mock LM) and a tokenizer with ``encode``/``decode``. Their step costs, if ``-k
         auto`` needs them, are measured in place and not cached."""
         engine = cls.__new__(cls)
-        engine.proposer_kind = proposer or ("draft" if draft is not None else "ngram")
+        engine.proposer_kind = proposer or default_proposer(draft is not None)
         engine.ngram = ngram
         engine.k_max = GenerationConfig.k_max
         engine.model_names = (None, None)  # no registry names: no stored acceptance priors
@@ -130,7 +127,7 @@ class Engine:
         are, in their dtype, with nsd's static KV cache; not modified) or ready
         :class:`ModelBackend` objects; ``tokenizer`` is the one tokenizer they share.
         """
-        proposer = proposer or ("draft" if draft_model is not None else "ngram")
+        proposer = proposer or default_proposer(draft_model is not None)
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
         if proposer in _NEEDS_DRAFT and draft_model is None:
@@ -335,7 +332,9 @@ class Engine:
         stop_check = StopScanner(self.tokenizer, stops) if stops else None
         cache = self.prefix_cache
         if cache is not None:
-            cache.prepare(self.target, self.draft if self.proposer_kind == "draft" else None,
+            # The draft's snapshot is of what the draft itself holds (behind the target's
+            # after lookup blocks): its proposer reuses it only as far as it matches.
+            cache.prepare(self.target, self.draft if self.proposer_kind in _NEEDS_DRAFT else None,
                           prompt_ids)
         sink: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         pieces = _TokenText(self.tokenizer) if sink is not None else None

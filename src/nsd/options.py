@@ -119,6 +119,17 @@ def _opts(*options: Option) -> dict[str, Option]:
 
 METHODS = ("ar", "sd", "nsd", "typical")
 
+# Where drafts come from. draft: the draft model; ngram: prompt lookup alone; hybrid: both,
+# the -k auto policy choosing the cheaper one per block (with a fixed k, lookup takes a
+# block it covers whole after a match of 3 tokens).
+PROPOSERS = ("draft", "ngram", "hybrid")
+DEFAULT_PROPOSER = "hybrid"  # when a draft model is given and no proposer is named
+
+
+def default_proposer(has_draft: bool) -> str:
+    """The proposer every front end uses when none is named: without a draft model, ngram."""
+    return DEFAULT_PROPOSER if has_draft else "ngram"
+
 # Verification rule and sampling: what one generation does.
 DECODING = _opts(
     Option("method", "nsd", str, choices=METHODS,

@@ -86,8 +86,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                       help="θ used by nsd-budget (default: the largest --theta)")
     grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
                       help="draft, ngram and/or hybrid (draft model and prompt lookup, the cheaper "
-                           "per block), comma-separated (default: draft if a draft model is set, "
-                           "else ngram)")
+                           "per block), comma-separated (default: "
+                           f"{optspec.default_proposer(True)} if a draft model is set, else ngram)")
     grid.add_argument("--max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS,
                       help=f"new tokens per generation (default {BENCH_MAX_NEW_TOKENS}, longer than "
                            "a plain generation's: HumanEval usually stops earlier at its stop "
@@ -141,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.target is None:  # the default pair; a custom target brings its own draft
         args.target = DEFAULT_TARGET
         args.draft = args.draft or DEFAULT_DRAFT
-    proposers = args.proposers if args.proposers is not None else (["draft"] if args.draft else ["ngram"])
+    proposers = args.proposers if args.proposers is not None else [optspec.default_proposer(bool(args.draft))]
     if not 0.0 <= args.max_other_load <= 1.0:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]
@@ -235,5 +235,5 @@ def _engine(args: argparse.Namespace, draft: bool):
     from nsd.api import Engine
 
     return Engine(args.target, draft=args.draft if draft else None,
-                  proposer="draft" if draft else "ngram", options=backend_options(args),
+                  proposer=optspec.default_proposer(draft), options=backend_options(args),
                   k_max=args.k_max)

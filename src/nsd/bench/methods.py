@@ -19,10 +19,10 @@ from typing import Sequence
 from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
+from nsd.options import PROPOSERS
 
 LLAMA_PEERS = ("llama-generate", "llama-speculative")
 FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld") + LLAMA_PEERS
-PROPOSERS = ("draft", "ngram", "hybrid")  # hybrid: the draft model and prompt lookup
 
 
 def is_peer_family(family: str) -> bool:

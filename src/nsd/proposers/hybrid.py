@@ -21,6 +21,12 @@ from nsd.proposers.base import Proposal
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramProposer
 
+# With a fixed k there is no policy to price the two proposers, so lookup drafts a block
+# only after a match this long: copies after 3+ matched tokens were accepted at 0.84-0.87
+# per position in every setting measured, after 1 or 2 at 0.28-0.64, below the draft
+# model's 0.84-0.98 (src/nsd/acceptance_priors.json, BENCHMARKS.md).
+FIXED_K_MIN_MATCH = 3
+
 
 class HybridProposer:
     """A draft model, and prompt lookup over the context for free blocks."""
@@ -43,6 +49,11 @@ class HybridProposer:
         proposal, match = self.lookup.propose_matched(context, n)
         self._cached = (len(context), n, proposal)
         return len(proposal), match
+
+    def fixed_k_lookup(self, free: int, k: int, match: int) -> bool:
+        """With a fixed k: whether prompt lookup drafts the block, ``free`` tokens being
+        available after a match of ``match`` tokens (see :data:`FIXED_K_MIN_MATCH`)."""
+        return free >= k > 0 and match >= min(FIXED_K_MIN_MATCH, self.lookup.config.max_ngram)
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:
