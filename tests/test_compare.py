@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
+from nsd.options import default_proposer
 from nsd.compare import run_compare
 
 
@@ -21,6 +22,7 @@ def test_compare_table_rows_and_tau() -> None:
     configs = [GenerationConfig(method=m, max_new_tokens=20, k=4) for m in ("ar", "sd", "nsd")]
     text = run_compare(engine, ["abc", "hello"], configs)
     assert text.startswith("CPU: ")
+    assert text.splitlines()[0].endswith(f"proposer: {default_proposer(True)}")
     table = [line for line in text.splitlines() if line.startswith("|")]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}
     assert set(rows) == {"ar", "sd", "nsd"}

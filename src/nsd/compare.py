@@ -47,7 +47,8 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
         return f"{speedup(rates(method), rates(baseline)):.2f}x" if baseline in runs else "-"
 
     k_of = {c.method: c.k for c in configs}
-    lines = [f"CPU: {cpu_description()['model']}, {engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'} threads",
+    threads = engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'
+    lines = [f"CPU: {cpu_description()['model']}, {threads} threads; proposer: {engine.proposer_kind}",
              "",
              "| method | k | tokens | tok/s (median) | tau | acceptance | D/token | speedup vs AR | speedup vs SD |",
              "|---|---|---|---|---|---|---|---|---|"]
