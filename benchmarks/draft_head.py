@@ -159,7 +159,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
 
     options = BackendOptions(threads=args.threads, weights=args.weights, draft_weights=args.draft_weights)
-    engine = Engine(args.target, draft=args.draft, options=options)
+    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options)
     drafts = load_drafts(engine, args, options)
     engine.target_model.step_costs(GenerationConfig().k_max + 1)
     prompts = PROMPTS[:args.prompts]

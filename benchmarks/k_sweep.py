@@ -37,9 +37,9 @@ def main() -> None:
     args = ap.parse_args()
 
     options = BackendOptions(threads=args.threads)
-    engines = {"": Engine(args.target, draft=args.draft, options=options)}
+    engines = {"": Engine(args.target, draft=args.draft, proposer="draft", options=options)}
     if args.draft_vocab:
-        engines[f"-v{args.draft_vocab}"] = Engine(args.target, draft=args.draft, options=options,
+        engines[f"-v{args.draft_vocab}"] = Engine(args.target, draft=args.draft, proposer="draft", options=options,
                                                   draft_vocab=args.draft_vocab)
     prompts = load_prompts(DatasetConfig(names=(args.dataset,), limit=args.prompts))
     ks = [int(k) for k in args.ks.split(",")]

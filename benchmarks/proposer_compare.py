@@ -55,10 +55,10 @@ def _bootstrap_median(values: list[float]) -> tuple[float, float]:
     return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
 
 
-def _aggregate(records: list[dict], method: str, decode: bool) -> float:
+def _aggregate(records: list[dict], method: str, decode: bool, prompts: set[str]) -> float:
     """Visible tokens over wall time (decode: generated tokens over the time after the
-    prefill), all prompts of ``method`` together."""
-    rows = [r for r in records if r["method"] == method]
+    prefill), over ``prompts`` (those both proposers ran) together."""
+    rows = [r for r in records if r["method"] == method and r["prompt"] in prompts]
     if decode:
         tokens = sum(r["stats"]["new_tokens"] for r in rows)
         wall = sum(r["stats"]["wall_s"] - r["stats"]["prefill_s"] for r in rows)
@@ -90,7 +90,7 @@ def compare(journal: Path, by_category: bool, decode: bool) -> list[str]:
             f"[{low:.3f}, {high:.3f}], hybrid faster on {faster:.0%} of {len(values)} prompts; "
             f"vs AR: draft {paired_ratio(records, draft, 'ar', rate):.3f}, "
             f"hybrid {paired_ratio(records, hybrid, 'ar', rate):.3f}; aggregate hybrid/draft "
-            f"{_aggregate(records, hybrid, decode) / _aggregate(records, draft, decode):.3f}")
+            f"{_aggregate(records, hybrid, decode, set(ratios)) / _aggregate(records, draft, decode, set(ratios)):.3f}")
         if by_category:
             cats: dict[str, list[float]] = defaultdict(list)
             for uid, value in ratios.items():

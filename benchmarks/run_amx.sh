@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSD=".venv/bin/nsd"
-common=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
+common=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --proposers draft
         --theta 0.9 --max-new-tokens 128 --no-progress --rerun-loaded)
 run() {
     case "$1" in

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/bench_grid.sh
 OUT=benchmarks/results/fastpath
-COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
+COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --proposers draft
         --methods ar,sd,nsd,llama-generate --theta 0.9 --ks auto,2,4 --max-new-tokens 128)
 for name in "${@:-humaneval-t0 specbench-t0 humaneval-t0.8 specbench-t0.8}"; do
     for one in $name; do

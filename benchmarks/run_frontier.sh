@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/bench_grid.sh
 OUT=benchmarks/results/frontier
-COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
+COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --proposers draft
         --methods ar,sd,nsd,nsd-budget,typical --theta 0.5,0.7,0.9,0.95 --budget 1,4
         -k 4 --seed 0)
 for name in ${@:-specbench-t0 specbench-t0.8 humaneval-t0 humaneval-t0.8}; do

@@ -24,7 +24,7 @@ fixed, batched forwards change it only where rounding flips an argmax). The serv
 # The BENCHMARKS.md figures for batched serving (Zen 4) came from
 #   python benchmarks/serve_load.py --methods ar,nsd --concurrency 1,4,16 --rounds 2 \
 #     --requests 1 --max-tokens 48 --json J -- --target qwen2.5-coder-1.5b-instruct \
-#     --draft qwen2.5-coder-0.5b-instruct --parallel 16 --n-ctx 1024
+#     --draft qwen2.5-coder-0.5b-instruct --parallel 16 --n-ctx 1024 --proposer draft
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def main() -> int:
 
     options = BackendOptions(threads=args.threads) if args.threads else BackendOptions()
     t0 = time.perf_counter()
-    engine = Engine(args.target, draft=args.draft, options=options)
+    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     k = args.k if args.k == "auto" else int(args.k)
     config = ServerConfig(model_name="m", defaults=GenerationConfig(method="nsd", k=k))

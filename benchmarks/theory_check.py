@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     k = max(4, args.tokens)
-    engine = Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
+    engine = Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct", proposer="draft",
                     options=BackendOptions(threads=args.threads, weights="original"))
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
     # One token more than compared: the engine drafts at most remaining - 1 tokens, so with

@@ -22,6 +22,7 @@ from nsd.bench.runner import BenchRunner, RunConfig
 from nsd.bench.speed import visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
+from nsd.priors import lookup_measured
 from nsd.errors import NSDError
 
 VOCAB = 16
@@ -248,9 +249,17 @@ def test_cli_default_proposer_and_engine_default_come_from_the_options(
     monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: fake_engine())
     argv = ["bench", "--dataset", str(data), "--no-chat", "--methods", "ar,nsd", "--theta", "0.9",
             "--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--no-progress", "--no-warmup"]
+    # The default pair has stored prompt-lookup estimates: the hybrid proposer.
+    assert lookup_measured(bench_cli.DEFAULT_TARGET, bench_cli.DEFAULT_DRAFT)
     assert main(argv) == 0
-    assert f"| nsd@0.9/{optspec.default_proposer(True)} |" in capsys.readouterr().out
-    assert fake_engine().proposer_kind == optspec.default_proposer(True)
+    assert "| nsd@0.9/hybrid |" in capsys.readouterr().out
+    # The bench follows the one definition of the default.
+    monkeypatch.setattr(optspec, "DEFAULT_PROPOSER", "draft")
+    assert main(argv + ["--overwrite"]) == 0
+    assert "| nsd@0.9/draft |" in capsys.readouterr().out
+    # Models without stored lookup estimates (here mock LMs) draft with the draft model alone.
+    assert not lookup_measured(None, None) and not lookup_measured("my.gguf", "draft.gguf")
+    assert fake_engine().proposer_kind == "draft"
     alone = Engine.from_backends(MockLM(vocab_size=VOCAB, seed=0), LetterTokenizer(), eos_token_ids=())
     assert alone.proposer_kind == optspec.default_proposer(False) == "ngram"
 

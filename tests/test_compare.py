@@ -22,7 +22,9 @@ def test_compare_table_rows_and_tau() -> None:
     configs = [GenerationConfig(method=m, max_new_tokens=20, k=4) for m in ("ar", "sd", "nsd")]
     text = run_compare(engine, ["abc", "hello"], configs)
     assert text.startswith("CPU: ")
-    assert text.splitlines()[0].endswith(f"proposer: {default_proposer(True)}")
+    # Mock models have no stored prompt-lookup estimates: the draft model drafts alone.
+    assert engine.proposer_kind == default_proposer(True, lookup_measured=False) == "draft"
+    assert text.splitlines()[0].endswith("proposer: draft")
     table = [line for line in text.splitlines() if line.startswith("|")]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table[2:]}
     assert set(rows) == {"ar", "sd", "nsd"}

@@ -68,7 +68,9 @@ def add_model_args(p: argparse.ArgumentParser, need_target: bool = True) -> None
     p.add_argument("--proposer", choices=optspec.PROPOSERS, default=None,
                    help="where drafts come from: the draft model, prompt lookup (ngram), or "
                         "hybrid: both, the cheaper per block (default: "
-                        f"{optspec.default_proposer(True)} if --draft is given, else ngram)")
+                        f"{optspec.DEFAULT_PROPOSER} with a draft model whose prompt-lookup "
+                        "estimates are stored, as the built-in pair's; draft with another; "
+                        f"{optspec.default_proposer(False)} without --draft)")
     add_options(p, optspec.BACKEND)
     # --compile alone means torch.compile.
     for action in p._actions:

@@ -17,7 +17,7 @@ from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
-from nsd.options import PROPOSERS, default_proposer
+from nsd.options import NEEDS_DRAFT, PROPOSERS, default_proposer
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
@@ -25,7 +25,7 @@ from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
 from nsd.models.registry import REGISTRY, resolve_model
 from nsd.prefix_cache import PrefixCache
-from nsd.priors import AcceptancePriors, stored_priors
+from nsd.priors import AcceptancePriors, lookup_measured, stored_priors
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import HybridProposer
@@ -33,7 +33,6 @@ from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.stops import StopScanner, visible_text
 
 CHAT_ROLES = ("system", "user", "assistant")
-_NEEDS_DRAFT = ("draft", "hybrid")
 
 
 # The draft length at which --weights auto prices a target's verification forward (k = 4,
@@ -60,10 +59,10 @@ class Engine:
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
                  draft_vocab: int | str | None = None, k_max: int = GenerationConfig.k_max) -> None:
-        proposer = proposer or default_proposer(bool(draft))
+        proposer = proposer or default_proposer(bool(draft), lookup_measured(target, draft))
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
-        if proposer in _NEEDS_DRAFT and not draft:
+        if proposer in NEEDS_DRAFT and not draft:
             raise NSDError(f"the {proposer} proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = proposer
         self.ngram = ngram
@@ -71,7 +70,7 @@ class Engine:
         # Registry names key the stored acceptance priors (a file given by path has none).
         self.model_names = (target if target in REGISTRY else None,
                             draft if draft in REGISTRY else None)
-        if proposer in _NEEDS_DRAFT:
+        if proposer in NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         # With --weights auto its file is chosen for verifying too: a block of
@@ -83,7 +82,7 @@ class Engine:
         self.draft_model: LoadedModel | None = None
         self.draft: ModelBackend | None = None
         self.draft_vocab_map: VocabMap | None = None
-        if proposer in _NEEDS_DRAFT:
+        if proposer in NEEDS_DRAFT:
             # draft_vocab overrides options.draft_vocab (N, 0 for the full vocabulary, auto).
             vocab = options.draft_vocab if draft_vocab is None else draft_vocab
             self.draft_model = load_backend(draft, options, vocab,
@@ -130,7 +129,7 @@ class Engine:
         proposer = proposer or default_proposer(draft_model is not None)
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
-        if proposer in _NEEDS_DRAFT and draft_model is None:
+        if proposer in NEEDS_DRAFT and draft_model is None:
             raise NSDError(f"the {proposer} proposer needs a draft model (draft_model=...)")
 
         def wrap(model: Any) -> ModelBackend:
@@ -141,7 +140,7 @@ class Engine:
             return HFBackend.from_model(model, max_len=max_len, compile=compile)
 
         target = wrap(target_model)
-        draft = wrap(draft_model) if proposer in _NEEDS_DRAFT else None
+        draft = wrap(draft_model) if proposer in NEEDS_DRAFT else None
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise NSDError(f"the draft model has {draft.vocab_size} logits per token but the target "
                            f"has {target.vocab_size}: they must share a vocabulary")
@@ -198,7 +197,7 @@ class Engine:
         loaded either way."""
         if kind not in PROPOSERS:
             raise NSDError(f"unknown proposer {kind!r}; choose {', '.join(PROPOSERS)}")
-        if kind in _NEEDS_DRAFT and self.draft is None:
+        if kind in NEEDS_DRAFT and self.draft is None:
             raise NSDError(f"the {kind} proposer needs a draft model (--draft NAME or path)")
         self.proposer_kind = kind
 
@@ -234,7 +233,7 @@ class Engine:
                            f"costs up to k_max {self._frozen_k_max}; ask for at most that")
         target_costs = self.target_model.step_costs(config.k_max + 1)
         draft_cost = 0.0
-        drafts = self.proposer_kind in _NEEDS_DRAFT
+        drafts = self.proposer_kind in NEEDS_DRAFT
         if drafts:
             draft_cost = self.draft_model.step_costs(1)[0]
         host = self._host_costs(config)
@@ -264,7 +263,7 @@ class Engine:
         """Where ``-k auto``'s acceptance estimates start for this generation: the values
         stored for this model pair and setting (:mod:`nsd.priors`), else the default."""
         target, draft = self.model_names
-        if self.proposer_kind not in _NEEDS_DRAFT:
+        if self.proposer_kind not in NEEDS_DRAFT:
             draft = None  # prompt lookup alone: stored under (target, None)
         elif draft is None:
             return AcceptancePriors()  # a draft model without a registry name
@@ -334,7 +333,7 @@ class Engine:
         if cache is not None:
             # The draft's snapshot is of what the draft itself holds (behind the target's
             # after lookup blocks): its proposer reuses it only as far as it matches.
-            cache.prepare(self.target, self.draft if self.proposer_kind in _NEEDS_DRAFT else None,
+            cache.prepare(self.target, self.draft if self.proposer_kind in NEEDS_DRAFT else None,
                           prompt_ids)
         sink: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         pieces = _TokenText(self.tokenizer) if sink is not None else None

@@ -123,12 +123,21 @@ METHODS = ("ar", "sd", "nsd", "typical")
 # the -k auto policy choosing the cheaper one per block (with a fixed k, lookup takes a
 # block it covers whole after a match of 3 tokens).
 PROPOSERS = ("draft", "ngram", "hybrid")
-DEFAULT_PROPOSER = "hybrid"  # when a draft model is given and no proposer is named
+NEEDS_DRAFT = ("draft", "hybrid")
+DEFAULT_PROPOSER = "hybrid"  # with a draft model whose lookup estimates are measured
 
 
-def default_proposer(has_draft: bool) -> str:
-    """The proposer every front end uses when none is named: without a draft model, ngram."""
-    return DEFAULT_PROPOSER if has_draft else "ngram"
+def default_proposer(has_draft: bool, lookup_measured: bool = False) -> str:
+    """The proposer every front end uses when none is named: without a draft model, ngram.
+
+    With one, hybrid only where starting acceptance estimates for prompt lookup beside it
+    are stored (``lookup_measured``, see :func:`nsd.priors.lookup_measured`; the built-in
+    pair): that is where it was measured at par on code and ahead on documents. With the
+    generic estimates it lost to the draft model alone on code (BENCHMARKS.md), so any
+    other draft model drafts alone unless hybrid is asked for."""
+    if not has_draft:
+        return "ngram"
+    return DEFAULT_PROPOSER if lookup_measured else "draft"
 
 # Verification rule and sampling: what one generation does.
 DECODING = _opts(

@@ -109,6 +109,15 @@ def _stored() -> dict[str, Any]:
         raise NSDError(f"the stored acceptance priors ({PRIORS_FILE}) are not valid JSON: {err}")
 
 
+def lookup_measured(target: str | None, draft: str | None) -> bool:
+    """Whether starting estimates of prompt lookup beside this draft model are stored (for
+    any setting): the hybrid proposer is the default only for such pairs
+    (:func:`nsd.options.default_proposer`). Registry names; a file given by path has none."""
+    if target is None or draft is None:
+        return False
+    return bool(_stored().get("pairs", {}).get(f"{target}+{draft}"))
+
+
 def stored_priors(target: str | None, draft: str | None, method: str, greedy: bool,
                   table: Mapping[str, Any] | None = None) -> AcceptancePriors:
     """The stored estimates for this model pair and setting, else the default.

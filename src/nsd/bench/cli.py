@@ -87,7 +87,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
                       help="draft, ngram and/or hybrid (draft model and prompt lookup, the cheaper "
                            "per block), comma-separated (default: "
-                           f"{optspec.default_proposer(True)} if a draft model is set, else ngram)")
+                           f"{optspec.DEFAULT_PROPOSER} with a draft model whose prompt-lookup "
+                           "estimates are stored, as the built-in pair's; draft with another; "
+                           f"{optspec.default_proposer(False)} without one)")
     grid.add_argument("--max-new-tokens", type=int, default=BENCH_MAX_NEW_TOKENS,
                       help=f"new tokens per generation (default {BENCH_MAX_NEW_TOKENS}, longer than "
                            "a plain generation's: HumanEval usually stops earlier at its stop "
@@ -137,17 +139,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from nsd.bench.report import write_report
     from nsd.bench.runner import RunConfig, collect, pending
     from nsd.bench.store import Journal
+    from nsd.priors import lookup_measured
 
     if args.target is None:  # the default pair; a custom target brings its own draft
         args.target = DEFAULT_TARGET
         args.draft = args.draft or DEFAULT_DRAFT
-    proposers = args.proposers if args.proposers is not None else [optspec.default_proposer(bool(args.draft))]
+    proposers = args.proposers if args.proposers is not None else \
+        [optspec.default_proposer(bool(args.draft), lookup_measured(args.target, args.draft))]
     if not 0.0 <= args.max_other_load <= 1.0:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]
     specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks)
-    if not args.draft and any(s.proposer in ("draft", "hybrid") or s.family == "hf-assisted" for s in specs):
-        raise NSDError("the draft proposer and hf-assisted need a draft model (--draft NAME)")
+    if not args.draft and any(s.proposer in optspec.NEEDS_DRAFT or s.family == "hf-assisted" for s in specs):
+        raise NSDError("the draft and hybrid proposers and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).
     base = generation_config(args, method="ar", theta=optspec.default("theta"),
                              budget=optspec.default("budget"))
@@ -190,7 +194,7 @@ def _runner(args: argparse.Namespace, config, journal):
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods
-    engine = _engine(args, draft=any(m.proposer in ("draft", "hybrid") or m.family == "llama-speculative"
+    engine = _engine(args, draft=any(m.proposer in optspec.NEEDS_DRAFT or m.family == "llama-speculative"
                                      for m in methods))
     peers = None
     if any(m.is_hf for m in methods):

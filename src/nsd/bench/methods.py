@@ -19,7 +19,6 @@ from typing import Sequence
 from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
-from nsd.options import PROPOSERS
 
 LLAMA_PEERS = ("llama-generate", "llama-speculative")
 FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld") + LLAMA_PEERS
@@ -86,9 +85,9 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise NSDError(f"unknown method {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
-    bad = [p for p in proposers if p not in PROPOSERS]
+    bad = [p for p in proposers if p not in optspec.PROPOSERS]
     if bad:
-        raise NSDError(f"unknown proposer {bad[0]!r}; choose from {', '.join(PROPOSERS)}")
+        raise NSDError(f"unknown proposer {bad[0]!r}; choose from {', '.join(optspec.PROPOSERS)}")
     if not families:
         raise NSDError("no methods given")
     if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):

@@ -23,6 +23,7 @@ from nsd.bench.speed import tokens_per_s, visible_tokens
 from nsd.bench.store import Journal
 from nsd.load import LoadMonitor
 from nsd.errors import NSDError
+from nsd.options import NEEDS_DRAFT
 
 _WARMUP_TOKENS = 4
 
@@ -170,7 +171,7 @@ class BenchRunner:
         if spec.is_hf:
             return {}
         out = {"target": getattr(getattr(self.engine, "target_model", None), "weights", None)}
-        if spec.proposer in ("draft", "hybrid") or spec.family == "llama-speculative":
+        if spec.proposer in NEEDS_DRAFT or spec.family == "llama-speculative":
             draft = getattr(self.engine, "draft_model", None)
             out["draft"] = getattr(draft, "weights", None)
             vmap = getattr(draft, "vocab_map", None)
