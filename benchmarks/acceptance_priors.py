@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nsd.machine import cpu_description
 from nsd.options import NEEDS_DRAFT
-from nsd.priors import priors_from_counts, setting_key
+from nsd.priors import pair_key, priors_from_counts, setting_key
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "nsd" / "acceptance_priors.json"
 
@@ -39,8 +39,8 @@ def collect(run: Path) -> dict[tuple[str, str], dict]:
         row = json.loads(line)
         if row["family"] not in ("sd", "nsd") or not row["stats"].get("acceptance_counts"):
             continue
-        draft = settings["draft"] if row["proposer"] in NEEDS_DRAFT else "lookup"
-        entry = out[(f"{settings['target']}+{draft}", setting_key(row["family"], greedy))]
+        draft = settings["draft"] if row["proposer"] in NEEDS_DRAFT else None
+        entry = out[(pair_key(settings["target"], draft), setting_key(row["family"], greedy))]
         for source, (tests, accepts) in row["stats"]["acceptance_counts"].items():
             entry["counts"][source][0] += tests
             entry["counts"][source][1] += accepts

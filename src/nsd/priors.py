@@ -62,6 +62,12 @@ class AcceptancePriors:
         return self.lookup[min(max(match, 1), len(self.lookup)) - 1]
 
 
+def pair_key(target: str | None, draft: str | None) -> str:
+    """The stored pair a generation falls under: ``target+draft`` by registry names, or
+    ``target+lookup`` with no draft model (prompt lookup alone)."""
+    return f"{target}+{draft or 'lookup'}"
+
+
 def setting_key(method: str, greedy: bool) -> str:
     """The stored setting a generation falls under: ``sd/greedy``, ``nsd/sampled``, ..."""
     return f"{method}/{'greedy' if greedy else 'sampled'}"
@@ -115,7 +121,7 @@ def lookup_measured(target: str | None, draft: str | None) -> bool:
     (:func:`nsd.options.default_proposer`). Registry names; a file given by path has none."""
     if target is None or draft is None:
         return False
-    return bool(_stored().get("pairs", {}).get(f"{target}+{draft}"))
+    return bool(_stored().get("pairs", {}).get(pair_key(target, draft)))
 
 
 def stored_priors(target: str | None, draft: str | None, method: str, greedy: bool,
@@ -129,7 +135,7 @@ def stored_priors(target: str | None, draft: str | None, method: str, greedy: bo
         if choice not in ("stored", "default"):
             raise NSDError(f"{PRIORS_ENV} must be 'stored' or 'default', got {choice!r}")
         table = _stored() if choice == "stored" else {}
-    pair = f"{target}+{draft or 'lookup'}"
+    pair = pair_key(target, draft)
     entry = table.get("pairs", {}).get(pair, {}).get(setting_key(method, greedy))
     if entry is None:
         return AcceptancePriors()
