@@ -209,13 +209,18 @@ class SequenceView:
     def vocab_size(self) -> int:
         return self.backend.vocab_size
 
+    # Reads take the lock like the writes below: a backend may switch its per-sequence
+    # state while it runs a batch on the forward thread (the tests' mock does), and a read
+    # of one sequence in the middle of that switch would see another's tokens.
     @property
     def num_cached(self) -> int:
-        return self.backend.seq_num_cached(self.seq)
+        with self.batcher.lock:
+            return self.backend.seq_num_cached(self.seq)
 
     @property
     def cached_tokens(self) -> list[int]:
-        return self.backend.seq_cached_tokens(self.seq)
+        with self.batcher.lock:
+            return self.backend.seq_cached_tokens(self.seq)
 
     def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
         if len(tokens) == 0:
