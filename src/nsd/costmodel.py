@@ -30,9 +30,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from nsd.errors import NSDError
+
+if TYPE_CHECKING:  # batchplan builds on this module
+    from nsd.batchplan import JointPlanner, Member
 
 
 class KPolicy(Protocol):
@@ -284,11 +287,15 @@ class CostModelK:
     # In a server's batch: the costs of a block given the other requests' tokens in the
     # forwards it joins (see :func:`marginal_costs`), asked before every choice.
     reprice: Callable[[], StepCosts] | None = None
+    # In a server's batch: the draft lengths the batch chose together, where it chose to
+    # draft (a :class:`nsd.batchplan.JointPlanner`; None: each request decides alone).
+    joint: JointPlanner | None = None
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
             raise NSDError(f"k_max must be >= 1, got {self.k_max}")
         self._probe_wait = self.probe_every
+        self._draft_step = self.costs.draft  # before any repricing for a batch
         # The first block is a probe: a generation starts from the prior, and on a CPU where
         # only confident acceptance pays, the prior alone would choose plain steps until
         # the first scheduled probe (16 plain steps of a short answer).
@@ -310,6 +317,10 @@ class CostModelK:
         k_cap = max(0, min(self.k_max, remaining - 1))
         if self.reprice is not None:
             self.costs = self.reprice()
+        if self.joint is not None:
+            assigned = self.joint.assign(id(self), self._member(k_cap, self._behind, remaining))
+            if assigned is not None:
+                return self._joint_block(min(assigned, k_cap), min(free, k_cap), match)
         # Catching the draft up is paid once and then serves every later block, so it is
         # spread over the tokens still to generate.
         surcharge = self._behind * self.catchup * self.costs.draft / max(remaining, 1)
@@ -339,13 +350,7 @@ class CostModelK:
             choice = pick(alpha)
         lookup = self._lookup_choice(min(free, k_cap), match)
         if lookup is not None and lookup[1] / lookup[2] > choice[1] / choice[2]:
-            k, tokens, seconds = lookup
-            self._last_lookup = match
-            self._plain_run = 0
-            self.chosen.append(k)
-            self.predicted_tokens += expected_tokens(self._lookup(match).rates(), k)
-            self.predicted_s += seconds
-            return k, True
+            return self._take_lookup(lookup, match)
         self._last_lookup = 0
         self._probing = False
         if choice[0] > 0:
@@ -361,6 +366,50 @@ class CostModelK:
         self.predicted_tokens += expected_tokens(self.tracker.rates(), k)
         self.predicted_s += choice[2]
         return k, False
+
+    def _take_lookup(self, lookup: tuple[int, float, float], match: int) -> tuple[int, bool]:
+        k, _, seconds = lookup
+        self._last_lookup = match
+        self._plain_run = 0
+        self.chosen.append(k)
+        self.predicted_tokens += expected_tokens(self._lookup(match).rates(), k)
+        self.predicted_s += seconds
+        return k, True
+
+    def _joint_block(self, k: int, free: int, match: int) -> tuple[int, bool]:
+        """The block the batch's plan gave this request (see :mod:`nsd.batchplan`): ``k``
+        drafts, or with ``k = 0`` a plain step, or a lookup block where one beats it (it
+        costs no draft rounds, and its target forward runs beside the others' anyway)."""
+        if k == 0:
+            lookup = self._lookup_choice(free, match)
+            if lookup is not None:
+                return self._take_lookup(lookup, match)
+        self._last_lookup = 0
+        self._probing = False
+        self._plain_run = 0 if k else self._plain_run + 1
+        self.chosen.append(k)
+        self.predicted_tokens += expected_tokens(self.tracker.rates(), k)
+        self.predicted_s += k * self.costs.draft + self.costs.target_cost(k + 1)
+        return k, False
+
+    def join(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Enter the batch's plan, before the prompt's forward (:mod:`nsd.batchplan`)."""
+        if self.joint is not None:
+            cap = max(0, min(self.k_max, max_new_tokens - 1))
+            self.joint.join(id(self), self._member(cap, prompt_tokens, max_new_tokens))
+
+    def _member(self, cap: int, behind: int, remaining: int) -> Member:
+        # The catch-up is priced at the draft's own step cost: in a batch ``costs`` hold
+        # what a step adds to the shared forward, but a prompt's catch-up is mostly its own.
+        from nsd.batchplan import Member  # batchplan builds on this module
+
+        surcharge = behind * self.catchup * self._draft_step / max(remaining, 1)
+        return Member(tuple(self.tracker.rates()), cap, surcharge)
+
+    def end(self) -> None:
+        """The generation is over: it leaves the batch's plan."""
+        if self.joint is not None:
+            self.joint.leave(id(self))
 
     def _lookup(self, match: int) -> AcceptanceTracker:
         tracker = self.lookup_trackers.get(match)

@@ -14,6 +14,8 @@ import torch
 
 from nsd.backends.base import ModelBackend
 from nsd.backends.sequences import StepBatcher, sequence_views
+from nsd.batchplan import BatchCosts, JointPlanner
+from nsd.calibrate import BATCH_CONTEXT
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
@@ -55,6 +57,7 @@ class Engine:
     # between slots (:meth:`batched`); None: measured on demand.
     _frozen_k_max: int | None = None
     _host_lock = threading.Lock()  # slots share the memo of _host_costs
+    _joint: JointPlanner | None = None  # a slot's: the batch's shared draft lengths
 
     def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
                  options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
@@ -257,6 +260,9 @@ class Engine:
                 return priced[key]
 
             policy.reprice = reprice
+            if self._joint is not None and drafts:
+                self._joint.set_host(host.pass_cost, host.draft_token)
+                policy.joint = self._joint
         return policy
 
     def acceptance_priors(self, config: DecodeConfig) -> AcceptancePriors:
@@ -309,14 +315,37 @@ class Engine:
         self.__dict__.setdefault("_host_memo", {})  # one memo, shared by the copies
         batcher = StepBatcher()
         backends = [self.target] + ([self.draft] if self.draft is not None else [])
+        all_views = sequence_views(backends, n, batcher)
+        planner = None
+        if frozen and n > 1 and self.draft is not None:
+            planner = self._joint_planner(n)  # measured on the sequences just made
+            if planner is not None:
+                planner.bind(rounds=lambda: batcher.rounds, members=lambda: batcher.members)
+                batcher.plan = planner
         slots = []
-        for views in sequence_views(backends, n, batcher):
+        for views in all_views:
             slot = copy.copy(self)
             slot.target = views[0]
             slot.draft = views[1] if self.draft is not None else None
             slot._frozen_k_max = frozen
+            slot._joint = planner
             slots.append(slot)
         return slots, batcher
+
+    def _joint_planner(self, n: int) -> JointPlanner | None:
+        """The slots' shared draft-length plan (:mod:`nsd.batchplan`), priced by forwards
+        of up to ``n`` sequences measured as the batch runs them (once per machine and
+        file). None where the models' contexts are too short to measure them."""
+        assert self.draft_model is not None and self.draft is not None
+        widths = sorted({w for w in (1, 2, 3, 5, 9) if w <= self.k_max + 1} | {self.k_max + 1})
+        seqs = sorted({s for s in (1, 2, 4, 8, 16) if s <= n} | {n})
+        room = min(getattr(self.target, "n_ctx", 1 << 20), getattr(self.draft, "n_ctx", 1 << 20))
+        if room < BATCH_CONTEXT + widths[-1] + seqs[-1]:
+            return None
+        target = self.target_model.batched_costs(seqs, widths)
+        draft = self.draft_model.batched_costs(seqs, (1, 2))
+        return JointPlanner(BatchCosts(tuple(seqs), tuple(widths), target),
+                            BatchCosts(tuple(seqs), (1, 2), draft), self.k_max)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig
                ) -> Generator[str, None, GenerationResult]:
@@ -339,9 +368,12 @@ class Engine:
         pieces = _TokenText(self.tokenizer) if sink is not None else None
         infos: list[TokenInfo] = []
         sent = 0  # infos handed out in chunks
+        policy = self.k_policy(decode_config)
         gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
-                     self.eos_token_ids, stop_check, self.k_policy(decode_config), sink,
-                     reuse_cache=cache is not None)
+                     self.eos_token_ids, stop_check, policy, sink, reuse_cache=cache is not None)
+        if policy is not None and policy.joint is not None:
+            policy.join(len(prompt_ids), decode_config.max_new_tokens)
+            gen = _leaving(gen, policy)
         tokens: list[int] = []
         shown = ""
         while True:
@@ -389,6 +421,15 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
+
+
+def _leaving(gen: Generator[list[int], None, DecodeStats], policy: CostModelK
+             ) -> Generator[list[int], None, DecodeStats]:
+    """``gen``, after which (finished, failed or closed) ``policy`` leaves its batch's plan."""
+    try:
+        return (yield from gen)
+    finally:
+        policy.end()
 
 
 def _chunk(text: str, infos: list[TokenInfo]) -> TextChunk:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
 
@@ -78,6 +79,7 @@ class BatchStats:
     sequences: int = 0
     tokens: int = 0
     largest: int = 0  # most sequences in one forward
+    seconds: float = 0.0  # wall time of the batches (both models' forwards)
     by_size: dict[int, int] = field(default_factory=dict)  # sequences per forward -> forwards
 
 
@@ -94,6 +96,8 @@ class StepBatcher:
         self._calls: list[_Call] = []
         self.lock = threading.RLock()  # held for every call into the backends
         self.stats = BatchStats()
+        self.rounds = 0  # batches run: a member's next forward runs in round rounds + 1
+        self.plan: Any = None  # the members' joint draft-length plan, if any (for /metrics)
         # (id(backend), seq) -> tokens the other sequences carried in that sequence's last
         # forward of that backend: what the cost model prices a block against.
         self._others: dict[tuple[int, int], int] = {}
@@ -159,12 +163,15 @@ class StepBatcher:
             groups: dict[int, list[_Call]] = {}
             for call in batch:
                 groups.setdefault(id(call.backend), []).append(call)
+            start = time.perf_counter()
             try:
                 with self.lock:
                     for calls in groups.values():
                         self._run_group(calls)
             finally:
+                self.stats.seconds += time.perf_counter() - start
                 with self._cond:
+                    self.rounds += 1
                     for call in batch:
                         call.done = True
                     self._cond.notify_all()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend
-from nsd.calibrate import Calibration, calibrate, compare_step_costs, measure
+from nsd.calibrate import Calibration, calibrate, calibrate_batched, compare_step_costs, measure
 from nsd.errors import NSDError
 from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft, open_reduced_draft
 from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
@@ -83,6 +83,11 @@ class LoadedModel:
             else:
                 self.calibration = calibrate(self.backend, self.file, n_max)
         return self.calibration.costs[:n_max]
+
+    def batched_costs(self, seqs: Sequence[int], widths: Sequence[int]) -> tuple[tuple[float, ...], ...]:
+        """Seconds of one batched forward of ``seqs[i]`` sequences of ``widths[j]`` tokens
+        each (:func:`nsd.calibrate.measure_batched`; measured once, cached)."""
+        return calibrate_batched(self.backend, self.file, seqs, widths)
 
 
 # A derived format must beat the original file's measured step by this much to be picked

@@ -64,6 +64,15 @@ class _BatchCollector:
                                   value=stats.sequences if stats else 0)
         yield CounterMetricFamily("nsd_batch_tokens", "tokens those forwards carried",
                                   value=stats.tokens if stats else 0)
+        # The draft lengths chosen for the whole batch (nsd.batchplan): cycles in which the
+        # batch drafted together, and those in which it stepped plainly.
+        cycles = getattr(getattr(batcher, "plan", None), "cycles", (0, 0))
+        family = CounterMetricFamily("nsd_batch_plan_cycles", "cycles the batch's joint draft "
+                                     "length plan chose: drafting together, or plain steps",
+                                     labels=["plan"])
+        family.add_metric(["draft"], cycles[1])
+        family.add_metric(["plain"], cycles[0])
+        yield family
 
 
 class ServeMetrics:
