@@ -221,6 +221,9 @@ def test_batched_auto_k_requests_draft_in_step(joint: bool) -> None:
     # The same block lengths, pass for pass, until the token budgets end the first request
     # (the mock's drafts are poor, so the blocks shorten as the estimates learn that).
     plans = [r.stats.k_per_pass for r in results]
+    # A request's first token comes from a plain step: its time to first token never
+    # waits on draft rounds.
+    assert all(p[0] == 0 for p in plans)
     shortest = min(len(p) for p in plans)
     same = next((i for i in range(shortest) if len({p[i] for p in plans}) > 1), shortest)
     assert same >= shortest - 2 and len(set(plans[0][:same])) > 1, plans

@@ -20,6 +20,8 @@ drafts only as far as the cycle's verification round, so the verifications keep 
 in one forward. Where the plan is to step plainly, each member's own policy decides as it
 would alone if it is alone in the batch; beside others it steps plainly or copies a
 prompt-lookup block (which costs no draft round), since a block of its own cannot pay.
+A request's first block in a batch is always a plain step (see
+:meth:`nsd.costmodel.CostModelK.plan`), so its first token never waits on draft rounds.
 """
 
 from __future__ import annotations

@@ -319,6 +319,11 @@ class CostModelK:
             self.costs = self.reprice()
         if self.joint is not None:
             assigned = self.joint.assign(id(self), self._member(k_cap, self._behind, remaining))
+            if not self.chosen:
+                # In a server's batch the first token comes from a plain step: a drafted
+                # first block (a lone request's probe) waits k rounds, each as long as the
+                # prompt prefills of the requests arriving beside it, for its first token.
+                assigned = 0
             if assigned is not None:
                 return self._joint_block(min(assigned, k_cap), min(free, k_cap), match)
         # Catching the draft up is paid once and then serves every later block, so it is
