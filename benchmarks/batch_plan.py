@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from nsd.api import Engine, GenerationConfig
 from nsd.bench.datasets import DatasetConfig, load_prompts
+from nsd.bench.store import write_json_atomic
 from nsd.machine import cpu_description
 from nsd.models.loader import BackendOptions
 
@@ -130,16 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f'{statistics.fmean(drafting):.0%}' if drafting else '-'} | "
                   f"{statistics.median(m['outside_ms_per_round'] for m in mine):.1f} |")
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as f:
-            target, draft = planner.costs
-            grids = {name: {"seqs": c.seqs, "widths": c.widths, "seconds": c.seconds}
-                     for name, c in (("target", target), ("draft", draft))}
-            json.dump({"cpu": cpu_description(), "args": vars(args), "batched_costs": grids,
-                       "rows": rows}, f, indent=1)
-        os.chmod(f.name, 0o644)  # a temporary file is private; the journal is not
-        os.replace(f.name, out)
+        target, draft = planner.costs
+        grids = {name: {"seqs": c.seqs, "widths": c.widths, "seconds": c.seconds}
+                 for name, c in (("target", target), ("draft", draft))}
+        write_json_atomic(Path(args.json), {"cpu": cpu_description(), "args": vars(args),
+                                            "batched_costs": grids, "rows": rows})
     return 0
 
 

@@ -148,11 +148,11 @@ def test_planner_keeps_members_in_step() -> None:
     assert planner.assign("d", Member(good, 4)) == 2  # first plans mid-cycle: drafts up to its end
     planner.join("e", Member(good, 4))
     rounds.now = 9
-    assert planner.assign("e", Member(good, 4)) == 0  # joined after the plan: drafts up to its end
+    assert planner.assign("e", Member(good, 4)) == 0  # joined after the plan: plain until the next
     rounds.now = 30  # d and e planned again since; a and b have not for 25 rounds
     planner.assign("d", Member(good, 4))
     planner.assign("e", Member(good, 4))
-    assert set(planner._state) == {"d", "e"}  # a and b left without saying so
+    assert set(planner.active()) == {"d", "e"}  # a and b left without saying so
 
 
 def test_plain_batch_steps_plainly_and_a_lone_member_decides_alone() -> None:
@@ -230,7 +230,7 @@ def test_batched_auto_k_requests_draft_in_step(joint: bool) -> None:
     # So every verification of those passes carried all three requests.
     assert engine.target.batch_sizes[:same + 1] == [3] * (same + 1)
     assert slots[0]._joint.cycles[1] >= same - 1
-    assert slots[0]._joint._state == {}  # every request left the plan when it ended
+    assert slots[0]._joint.active() == []  # every request left the plan when it ended
 
 
 def test_metrics_count_the_plans_cycles() -> None:
@@ -256,3 +256,37 @@ def test_metrics_count_the_plans_cycles() -> None:
     text = generate_latest(ServeMetrics(lambda: 0, batcher=lambda: batcher).registry).decode()
     drafted = [line for line in text.splitlines() if line.startswith('nsd_batch_plan_cycles_total{plan="draft"}')]
     assert drafted and float(drafted[0].split()[-1]) == batcher.plan.cycles[1] > 0
+
+
+def test_a_request_alone_in_the_batch_decides_alone() -> None:
+    """One request in a batched engine: no cycle is planned; it drafts as a lone request
+    would (after its first token, a plain step)."""
+    engine = _flat_cost_engine()
+    slots, batcher = engine.batched(2)
+    with batcher.member():
+        result = slots[0].generate([1, 2, 3], GenerationConfig(method="sd", k="auto",
+                                                               max_new_tokens=20, seed=1))
+    assert batcher.plan.cycles == [0, 0]
+    assert result.stats.k_per_pass[0] == 0 and result.stats.drafted_tokens > 0
+    assert batcher.plan.active() == []
+
+
+def test_a_closed_or_failed_generation_leaves_the_plan() -> None:
+    engine = _flat_cost_engine()
+    slots, batcher = engine.batched(2)
+    config = GenerationConfig(method="sd", k="auto", max_new_tokens=30, seed=1)
+    with batcher.member():
+        stream = slots[0].stream([1, 2, 3], config)
+        next(stream)
+        assert len(batcher.plan.active()) == 1
+        stream.close()  # a client that went away
+        assert batcher.plan.active() == []
+
+
+        def fails(tokens, all_logits=True):
+            raise NSDError("the context is full")
+
+        slots[0].target.forward = fails  # a generation that fails in its prefill
+        with pytest.raises(NSDError, match="full"):
+            slots[0].generate([1, 2, 3], config)
+        assert batcher.plan.active() == []

@@ -14,7 +14,7 @@ import torch
 
 from mock import CharTokenizer, MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.backends.sequences import StepBatcher
+from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.errors import NSDError
 
 CONFIGS = [
@@ -146,3 +146,66 @@ def test_one_requests_full_context_fails_it_alone(hf_models) -> None:
     assert isinstance(results[2], NSDError) and "exceeds the context" in str(results[2])
     for prompt, config, result in zip(prompts[:2], configs[:2], results[:2]):
         _same(_hf_engine(hf_models, max_len=40).generate(prompt, config), result)
+
+
+def test_a_long_forward_beside_others_runs_in_chunks_with_the_same_logits() -> None:
+    """A prompt's prefill beside another request runs one chunk per round, so the other's
+    steps go on between them; the logits are those of one forward. Alone it is one."""
+    from nsd.backends.sequences import SequenceView
+
+    prompt = [(3 * i + 1) % 16 for i in range(23)]
+    whole = MockLM(seed=1).forward(prompt)
+    backend = MockLM(seed=1)
+    batcher = StepBatcher()
+    views = [v[0] for v in sequence_views([backend], 2, batcher)]
+    got: dict[str, Any] = {}
+    ready = threading.Barrier(2)
+
+    def long_one() -> None:
+        with batcher.member():
+            ready.wait()
+            got["all"] = views[0].forward(prompt)  # all logits, 23 tokens in chunks of 10
+            views[0].rewind(0)
+            got["last"] = views[0].forward(prompt, all_logits=False)
+
+    def stepper() -> None:
+        with batcher.member():
+            ready.wait()
+            for tok in range(8):
+                views[1].forward([tok])
+
+    original = SequenceView.prefill_chunk
+    SequenceView.prefill_chunk = 10
+    try:
+        threads = [threading.Thread(target=long_one), threading.Thread(target=stepper)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert torch.equal(got["all"], whole) and torch.equal(got["last"], whole[-1:])
+        # Six chunks of sequence 0 (3 + 3), each in a round beside one of the stepper's
+        # eight one-token forwards; the stepper's last two run alone.
+        assert backend.batch_sizes == [2] * 6 + [1] * 2
+        alone = StepBatcher()
+        lone = sequence_views([MockLM(seed=1)], 1, alone)[0][0]
+        with alone.member():
+            assert torch.equal(lone.forward(prompt), whole)
+        assert lone.backend.batch_sizes == [1]  # alone: one forward
+    finally:
+        SequenceView.prefill_chunk = original
+
+
+def test_the_servers_prefill_chunk_reaches_every_view() -> None:
+    from nsd.serve import ServerConfig
+    from nsd.serve.worker import DecodeWorker
+
+    assert ServerConfig(model_name="m").prefill_chunk == 64
+    with pytest.raises(NSDError, match="prefill_chunk"):
+        ServerConfig(model_name="m", prefill_chunk=-1)
+    worker = DecodeWorker(_mock_engine(), 4, parallel=2, prefill_chunk=7)
+    worker.start()
+    try:
+        views = [v for slot in worker._slots for v in (slot.target, slot.draft)]
+        assert len(views) == 4 and all(v.prefill_chunk == 7 for v in views)
+    finally:
+        worker.stop(5.0)

@@ -15,8 +15,8 @@ request gets from speculation, for the whole batch. No request can find it alone
 to have them accepted, plain steps for the rest, against everyone stepping plainly, from
 the models' measured costs (:class:`BatchCosts`) and each member's acceptance estimate.
 :class:`JointPlanner` makes the choice at each cycle's start and keeps the members in step:
-a member that plans in the middle of a cycle (after a lookup block, or having just joined)
-drafts only as far as the cycle's verification round, so the verifications keep meeting
+a drafting member that plans in the middle of a cycle (after a lookup block) drafts only
+as far as the cycle's verification round, so the verifications keep meeting
 in one forward. Where the plan is to step plainly, each member's own policy decides as it
 would alone if it is alone in the batch; beside others it steps plainly or copies a
 prompt-lookup block (which costs no draft round), since a block of its own cannot pay.
@@ -26,6 +26,7 @@ A request's first block in a batch is always a plain step (see
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
@@ -173,12 +174,14 @@ class JointPlanner:
         self._members: Callable[[], int] = lambda: 0
         self._price: dict = dict(target=target, draft=draft, k_max=k_max)
         self._lock = threading.Lock()
+        # Members that left, removed at the next plan: leave() takes no lock, because it
+        # may run from a generator's finaliser, on any thread, even one inside assign().
+        self._left: collections.deque[Hashable] = collections.deque()
         self._state: dict[Hashable, Member] = {}
         self._seen: dict[Hashable, int] = {}  # the round each member last planned or joined
         self._verify_round = 0  # the round that verifies this cycle's blocks
         self._k = 0
         self._drafters: frozenset[Hashable] = frozenset()
-        self._planned: frozenset[Hashable] = frozenset()  # the members the cycle was planned for
         self.cycles = [0, 0]  # cycles decided: [stepping plainly, drafting]
         self.last: BatchChoice | None = None
 
@@ -201,20 +204,23 @@ class JointPlanner:
         """A generation that will plan here starts (before its prompt's forward, so the
         first cycle after the prompts is planned with every member known)."""
         with self._lock:
+            self._drain()
             self._state[key] = member
             self._seen[key] = self._rounds()
 
     def assign(self, key: Hashable, member: Member) -> int | None:
         """The drafts member ``key`` takes now: ``k ≥ 1`` drafts by the draft model, whose
-        verification then lands in the cycle's verification round (a member that joined
-        after the cycle was planned drafts so too); 0, a plain step (or a block that costs
-        no draft rounds); None where the member is alone in the batch and decides as a
-        lone request does.
+        verification then lands in the cycle's verification round; 0, a plain step (or a
+        block that costs no draft rounds); None where the member is alone in the batch and
+        decides as a lone request does (no cycle is planned then).
 
         Every member plans between the same two rounds (a round runs only once every member
         has handed in a forward), so the first to plan after a cycle ends decides the next
         one for all. The others' estimates may not yet include their last block."""
+        if self._members() <= 1:
+            return None  # alone in the batch: nothing to plan together
         with self._lock:
+            self._drain()
             now = self._rounds()  # this member's next forward runs in round now + 1
             self._state[key] = member
             self._seen[key] = now
@@ -223,35 +229,38 @@ class JointPlanner:
                 # ended without leaving (a generation closed before it started).
                 for gone in [k for k, seen in self._seen.items()
                              if now - seen > self._price["k_max"] + 2]:
-                    self.leave_locked(gone)
-                keys = list(self._state)
+                    self._remove(gone)
+                keys, members = zip(*self._state.items())
                 others = max(self._members() - len(keys), 0)
-                choice = plan_batch([self._state[k] for k in keys], others, **self._price)
+                choice = plan_batch(members, others, **self._price)
                 self.last = choice
                 self.cycles[choice.k > 0] += 1
                 self._k = choice.k
                 self._drafters = frozenset(keys[i] for i in choice.drafters)
-                self._planned = frozenset(keys)
                 self._verify_round = now + 1 + choice.k
-            if self._k == 0:
-                # Plain steps for the batch: a member alone in it decides as a lone request
-                # does (probes included). Beside others, a lone block cannot pay (see the
-                # module docstring), and a probe's draft rounds each wait for the whole
-                # batch's forwards: a request's first block, a probe, put its first token
-                # k rounds late (time to first token at 16 clients, p95: 1.7 s against
-                # AR's 0.3 s). It steps plainly, or copies a lookup block, which costs no
-                # draft round.
-                return None if self._members() <= 1 else 0
-            # A member that joined since drafts up to the verification round too: a plain
-            # step would add a target forward to rounds planned without one.
-            if key in self._planned and key not in self._drafters:
+            # Plain steps for the batch: beside others a block of one's own cannot pay (see
+            # the module docstring), and a probe's draft rounds would each wait for the
+            # whole batch's forwards. A member steps plainly, or copies a lookup block,
+            # which costs no draft round. So does one that joined after the cycle was
+            # planned: its draft may not have read its prompt, a catch-up the plan did not
+            # price; the next cycle includes it.
+            if self._k == 0 or key not in self._drafters:
                 return 0
             return self._verify_round - now - 1
 
     def leave(self, key: Hashable) -> None:
-        with self._lock:
-            self.leave_locked(key)
+        self._left.append(key)
 
-    def leave_locked(self, key: Hashable) -> None:
+    def active(self) -> list[Hashable]:
+        """The members in the plan now."""
+        with self._lock:
+            self._drain()
+            return list(self._state)
+
+    def _drain(self) -> None:
+        while self._left:
+            self._remove(self._left.popleft())
+
+    def _remove(self, key: Hashable) -> None:
         self._state.pop(key, None)
         self._seen.pop(key, None)

@@ -318,11 +318,13 @@ class CostModelK:
         if self.reprice is not None:
             self.costs = self.reprice()
         if self.joint is not None:
-            assigned = self.joint.assign(id(self), self._member(k_cap, self._behind, remaining))
-            if not self.chosen:
-                # In a server's batch the first token comes from a plain step: a drafted
-                # first block (a lone request's probe) waits k rounds, each as long as the
-                # prompt prefills of the requests arriving beside it, for its first token.
+            # In a server's batch the first token comes from a plain step: a drafted first
+            # block (a lone request's probe) waits k rounds, each as long as the prompt
+            # prefills of the requests arriving beside it, for its first token.
+            first = not self.chosen
+            assigned = self.joint.assign(id(self), self._member(0 if first else k_cap,
+                                                                self._behind, remaining))
+            if first:
                 assigned = 0
             if assigned is not None:
                 return self._joint_block(min(assigned, k_cap), min(free, k_cap), match)
@@ -399,9 +401,8 @@ class CostModelK:
 
     def join(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Enter the batch's plan, before the prompt's forward (:mod:`nsd.batchplan`)."""
-        if self.joint is not None:
-            cap = max(0, min(self.k_max, max_new_tokens - 1))
-            self.joint.join(id(self), self._member(cap, prompt_tokens, max_new_tokens))
+        if self.joint is not None:  # (its first block will be a plain step: no drafts)
+            self.joint.join(id(self), self._member(0, prompt_tokens, max_new_tokens))
 
     def _member(self, cap: int, behind: int, remaining: int) -> Member:
         # The catch-up is priced at the draft's own step cost: in a batch ``costs`` hold

@@ -295,13 +295,15 @@ class Engine:
                 memo[args] = host_costs(*args, persist=self.target_model.file is not None)
         return memo[args]
 
-    def batched(self, n: int) -> tuple[list[Engine], StepBatcher]:
+    def batched(self, n: int, prefill_chunk: int = 0) -> tuple[list[Engine], StepBatcher]:
         """``n`` engines sharing this one's models, tokenizer, prefix cache and measured
         costs, each decoding its own sequence of the models' caches on the thread that
         calls it, their forwards run together by the returned :class:`StepBatcher` (see
         :mod:`nsd.backends.sequences`). This engine must not generate afterwards: its
         caches become the slots'. ``-k auto`` is then limited to this engine's ``k_max``,
-        whose costs are measured here, before the models are shared."""
+        whose costs are measured here, before the models are shared. A forward of more than
+        ``prefill_chunk`` tokens beside other requests (0: none) runs in chunks, one per
+        batched step (:class:`~nsd.backends.sequences.SequenceView`)."""
         if n < 1:
             raise NSDError(f"the number of parallel sequences must be >= 1, got {n}")
         frozen = self.k_max
@@ -316,6 +318,8 @@ class Engine:
         batcher = StepBatcher()
         backends = [self.target] + ([self.draft] if self.draft is not None else [])
         all_views = sequence_views(backends, n, batcher)
+        for view in (v for views in all_views for v in views):
+            view.prefill_chunk = prefill_chunk
         planner = None
         if frozen and n > 1 and self.draft is not None:
             planner = self._joint_planner(n)  # measured on the sequences just made
@@ -339,11 +343,14 @@ class Engine:
         assert self.draft_model is not None and self.draft is not None
         widths = sorted({w for w in (1, 2, 3, 5, 9) if w <= self.k_max + 1} | {self.k_max + 1})
         seqs = sorted({s for s in (1, 2, 4, 8, 16) if s <= n} | {n})
-        room = min(getattr(self.target, "n_ctx", 1 << 20), getattr(self.draft, "n_ctx", 1 << 20))
+        room = min(_context_length(self.target), _context_length(self.draft))
         if room < BATCH_CONTEXT + widths[-1] + seqs[-1]:
             return None
-        target = self.target_model.batched_costs(seqs, widths)
-        draft = self.draft_model.batched_costs(seqs, (1, 2))
+        try:
+            target = self.target_model.batched_costs(seqs, widths)
+            draft = self.draft_model.batched_costs(seqs, (1, 2))
+        except NSDError:  # the server runs without the plan rather than not at all
+            return None
         return JointPlanner(BatchCosts(tuple(seqs), tuple(widths), target),
                             BatchCosts(tuple(seqs), (1, 2), draft), self.k_max)
 
@@ -354,6 +361,15 @@ class Engine:
         With ``config.logprobs`` set, each piece is a :class:`TextChunk` whose ``logprobs``
         holds the :class:`TokenInfo` of the tokens whose text it completes (a last, possibly
         empty, chunk carries those of the tokens still held back)."""
+        joined: list[CostModelK] = []  # a batch's plan to leave, however this ends
+        try:
+            return (yield from self._stream(prompt_ids, config, joined))
+        finally:
+            for policy in joined:
+                policy.end()
+
+    def _stream(self, prompt_ids: Sequence[int], config: GenerationConfig,
+                joined: list[CostModelK]) -> Generator[str, None, GenerationResult]:
         decode_config = config.decode_config()
         stops = tuple(s for s in config.stop if s)
         tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
@@ -373,7 +389,7 @@ class Engine:
                      self.eos_token_ids, stop_check, policy, sink, reuse_cache=cache is not None)
         if policy is not None and policy.joint is not None:
             policy.join(len(prompt_ids), decode_config.max_new_tokens)
-            gen = _leaving(gen, policy)
+            joined.append(policy)
         tokens: list[int] = []
         shown = ""
         while True:
@@ -423,13 +439,14 @@ class Engine:
                 return done.value
 
 
-def _leaving(gen: Generator[list[int], None, DecodeStats], policy: CostModelK
-             ) -> Generator[list[int], None, DecodeStats]:
-    """``gen``, after which (finished, failed or closed) ``policy`` leaves its batch's plan."""
-    try:
-        return (yield from gen)
-    finally:
-        policy.end()
+def _context_length(backend: Any) -> int:
+    """Tokens one sequence of ``backend`` holds (llama.cpp: ``n_ctx``; transformers:
+    ``max_positions``; unbounded if it says neither)."""
+    for name in ("n_ctx", "max_positions"):
+        value = getattr(backend, name, None)
+        if isinstance(value, int):
+            return value
+    return 1 << 20
 
 
 def _chunk(text: str, infos: list[TokenInfo]) -> TextChunk:

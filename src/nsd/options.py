@@ -229,6 +229,10 @@ SERVING = _opts(
     Option("parallel", 4, int, low=1, high=64, metavar="N",
            help="requests the server decodes at once, their model forwards batched (each holds a "
                 "sequence of --n-ctx tokens in the KV caches; 1: one request at a time)"),
+    Option("prefill_chunk", 64, int, low=0, metavar="N",
+           help="with --parallel: a long forward beside other requests (a prompt's prefill) "
+                "runs N tokens per batched step, so their tokens keep coming meanwhile "
+                "(0: in one step)"),
 )
 
 # The options every front end takes (the server's own, SERVING, only `nsd serve` does).

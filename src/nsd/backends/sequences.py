@@ -209,6 +209,10 @@ class SequenceView:
     (``save_state``/``load_state``, for the prefix cache) exist when the backend has them.
     """
 
+    # Tokens per round of a long forward beside other requests (0: in one round; the
+    # server's --prefill-chunk).
+    prefill_chunk: int = 0
+
     def __init__(self, backend: Any, seq: int, batcher: StepBatcher) -> None:
         self.backend, self.seq, self.batcher = backend, seq, batcher
 
@@ -232,7 +236,20 @@ class SequenceView:
     def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
-        return self.batcher.forward(self.backend, self.seq, tokens, all_logits)
+        chunk = self.prefill_chunk
+        if not chunk or len(tokens) <= chunk or self.batcher.members <= 1:
+            return self.batcher.forward(self.backend, self.seq, tokens, all_logits)
+        # A long forward (a prompt's prefill, a draft catching up) beside other requests
+        # runs in chunks, one per round: the others' steps go on between them instead of
+        # waiting for the whole prompt (an 800-token prefill is seconds on a CPU).
+        rows = []
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            last = start + chunk >= len(tokens)
+            out = self.batcher.forward(self.backend, self.seq, part, all_logits)
+            if all_logits or last:
+                rows.append(out)
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def batch_others(self) -> int:
         """Tokens the other sequences carried in this sequence's last forward: how full the

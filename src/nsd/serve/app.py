@@ -75,7 +75,7 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     if (engine is None) == (load_engine is None):
         raise ValueError("give either an engine or a function that loads one")
     model = _Model(engine)
-    worker = DecodeWorker(engine, config.queue_size, config.parallel)
+    worker = DecodeWorker(engine, config.queue_size, config.parallel, config.prefill_chunk)
     metrics = ServeMetrics(lambda: worker.depth,
                            lambda: getattr(model.engine, "prefix_cache", None),
                            lambda: worker.batcher, lambda: worker.running)

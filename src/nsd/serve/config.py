@@ -27,6 +27,7 @@ class ServerConfig:
     # KV snapshots of recent sequences kept for reuse (MiB; 0: only the live cache is reused).
     prefix_cache_mb: float = 1024.0
     parallel: int = optspec.default("parallel")  # requests decoded at once (1: one at a time)
+    prefill_chunk: int = optspec.default("prefill_chunk")  # tokens per step of a long forward
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -34,6 +35,7 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise NSDError(f"port must be in [0, 65535], got {self.port}")
         optspec.check("parallel", self.parallel)
+        optspec.check("prefill_chunk", self.prefill_chunk)
         if self.queue_size < 0:
             raise NSDError(f"queue size must be >= 0, got {self.queue_size}")
         for name in ("request_timeout_s", "shutdown_timeout_s"):

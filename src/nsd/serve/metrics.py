@@ -68,8 +68,9 @@ class _BatchCollector:
         # batch drafted together, and those in which it stepped plainly.
         cycles = getattr(getattr(batcher, "plan", None), "cycles", (0, 0))
         family = CounterMetricFamily("nsd_batch_plan_cycles", "cycles the batch's joint draft "
-                                     "length plan chose: drafting together, or plain steps",
-                                     labels=["plan"])
+                                     "length plan chose: drafting together (k + 1 rounds "
+                                     "each) or plain steps (one round each); a request alone "
+                                     "plans none", labels=["plan"])
         family.add_metric(["draft"], cycles[1])
         family.add_metric(["plain"], cycles[0])
         yield family

@@ -82,12 +82,14 @@ class DecodeWorker:
     """Runs up to ``parallel`` jobs at once on threads of its own; at most ``capacity``
     wait behind them."""
 
-    def __init__(self, engine: StreamingEngine | None, capacity: int, parallel: int = 1) -> None:
+    def __init__(self, engine: StreamingEngine | None, capacity: int, parallel: int = 1,
+                 prefill_chunk: int = 0) -> None:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         self._engine = engine
         self._capacity = capacity
         self.parallel = parallel
+        self.prefill_chunk = prefill_chunk
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
         self._slots: list[Any] = []  # one engine per slot
@@ -106,7 +108,7 @@ class DecodeWorker:
         if self._engine is None:
             raise RuntimeError("the worker has no engine to run")
         if self.parallel > 1 and hasattr(self._engine, "batched"):
-            self._slots, self.batcher = self._engine.batched(self.parallel)
+            self._slots, self.batcher = self._engine.batched(self.parallel, self.prefill_chunk)
         else:
             self._slots = [self._engine]
         self._assigned = [None] * len(self._slots)
