@@ -158,3 +158,40 @@ def test_one_token_steps_are_timed_as_plain_decoding_runs_them(clock: Clock) -> 
     # every c(n >= 2) does.
     costs = calibrate.measure(GraphLM(clock, 0.010, rebuild=0.003), 4, context=4, repeats=3)
     assert costs == pytest.approx((0.010, 0.023, 0.033, 0.043))
+
+
+class BatchedTimedLM(TimedLM):
+    """A batched forward costs a fixed part plus ``per_token`` per token plus ``per_seq``
+    per sequence (the clock advances once per forward_many, as a real batch does)."""
+
+    def __init__(self, clock: Clock, per_token: float, per_seq: float) -> None:
+        super().__init__(clock, per_token, cold=0)
+        self.per_seq = per_seq
+        self.set_sequences(8)
+
+    def forward_many(self, items):
+        self.clock.now += 0.01 + self.per_seq * len(items)  # what TimedLM.forward omits
+        return super().forward_many(items)
+
+
+def test_batched_forwards_are_measured_per_shape_and_cached(clock: Clock, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    @contextlib.contextmanager
+    def measure():
+        yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
+
+    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    lm = BatchedTimedLM(clock, per_token=0.002, per_seq=0.003)
+    grid = calibrate.calibrate_batched(lm, model, (1, 2, 4), (1, 3), quiet=True)
+    for s, row in zip((1, 2, 4), grid):  # every shape timed as it runs
+        for w, seconds in zip((1, 3), row):
+            assert seconds == pytest.approx(0.01 + 0.003 * s + 0.002 * s * w)
+    assert all(lm.seq_num_cached(q) == 0 for q in range(8))  # caches emptied afterwards
+    calls = clock.calls
+    assert calibrate.calibrate_batched(lm, model, (1, 2, 4), (1, 3), quiet=True) == grid
+    assert clock.calls == calls  # the second time from the cache
+    calibrate.calibrate_batched(lm, model, (1, 2), (1, 3), quiet=True)
+    assert clock.calls > calls  # another grid is another measurement
