@@ -61,6 +61,18 @@ def test_a_cheaper_candidate_measures_cheaper(clock: Clock) -> None:
     assert costs[1] < costs[0]
 
 
+@pytest.fixture
+def quiet_machine(tmp_path: Path, monkeypatch) -> Path:
+    """No other load on the machine, and a cache folder of the test's own (returned)."""
+    @contextlib.contextmanager
+    def measure():
+        yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
+
+    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    return tmp_path
+
+
 def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, monkeypatch) -> None:
     busy = {"flag": False}
 
@@ -120,13 +132,8 @@ def test_a_verifying_target_is_picked_by_its_verification_too() -> None:
 
 
 def test_multi_token_comparisons_measure_that_many_tokens_and_cache_apart(
-        clock: Clock, tmp_path: Path, monkeypatch) -> None:
-    @contextlib.contextmanager
-    def measure():
-        yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
-
-    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+        clock: Clock, quiet_machine: Path) -> None:
+    tmp_path = quiet_machine
     f = tmp_path / "m.gguf"
     f.write_bytes(b"x")
     lm = TimedLM(clock, 0.010, cold=0)
@@ -174,14 +181,8 @@ class BatchedTimedLM(TimedLM):
         return super().forward_many(items)
 
 
-def test_batched_forwards_are_measured_per_shape_and_cached(clock: Clock, tmp_path: Path,
-                                                            monkeypatch) -> None:
-    @contextlib.contextmanager
-    def measure():
-        yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
-
-    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+def test_batched_forwards_are_measured_per_shape_and_cached(clock: Clock, quiet_machine: Path) -> None:
+    tmp_path = quiet_machine
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     lm = BatchedTimedLM(clock, per_token=0.002, per_seq=0.003)
