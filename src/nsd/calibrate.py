@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
 from nsd.machine import cpu_description
@@ -167,24 +167,42 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
     """c(n_tokens) seconds (default: one-token steps) of each named (backend, file),
     measured side by side and cached like :func:`calibrate` (keyed by every candidate's key;
     not cached when the machine is busy)."""
-    from nsd.load import LoadMonitor
-
     names = list(candidates)
     key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
            "repeats": COMPARE_REPEATS}
     if n_tokens != 1:  # one-token comparisons keep the key they were cached under
         key["n_tokens"] = n_tokens
-    path = _cache_path("compare", key)
-    cached = None if refresh else _read_cache(path, key)
-    if cached is not None and set(cached) == set(names):
-        return {n: float(cached[n]) for n in names}
-    if not quiet:
-        what = "step" if n_tokens == 1 else f"{n_tokens}-token forward"
-        print(f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)",
-              file=sys.stderr)
-    with LoadMonitor().measure() as load:
+    what = "step" if n_tokens == 1 else f"{n_tokens}-token forward"
+
+    def read(cached: Any) -> dict[str, float] | None:
+        return {n: float(cached[n]) for n in names} if set(cached) == set(names) else None
+
+    def measure() -> dict[str, float]:
         measured = measure_side_by_side([candidates[n][0] for n in names], n_tokens=n_tokens)
-    costs = dict(zip(names, measured))
+        return dict(zip(names, measured))
+
+    return _measured_once(
+        _cache_path("compare", key), key, None if refresh else read, measure, None if quiet else
+        f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)")
+
+
+def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | None,
+                   measure: Callable[[], Any], note: str | None) -> Any:
+    """The costs cached at ``path`` under ``key`` where ``read`` accepts them (it returns
+    None for a cache of another shape; no ``read``: measure anyway), else ``measure()``,
+    cached unless other processes kept the cores busy meanwhile. ``note`` is printed
+    before measuring."""
+    from nsd.load import LoadMonitor  # psutil: only needed when measuring
+
+    cached = _read_cache(path, key) if read is not None else None
+    if cached is not None:
+        value = read(cached)
+        if value is not None:
+            return value
+    if note:
+        print(note, file=sys.stderr)
+    with LoadMonitor().measure() as load:
+        costs = measure()
     if not load.sample.flagged:
         _write_atomic(path, {"key": key, "costs": costs})
     return costs
@@ -255,24 +273,19 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
                       ) -> tuple[tuple[float, ...], ...]:
     """:func:`measure_batched`, cached like :func:`calibrate` for a model from a file (and,
     like it, not cached when other processes kept the cores busy)."""
-    from nsd.load import LoadMonitor
-
     if model_file is None:
         return measure_batched(backend, seqs, widths)
     key = dict(calibration_key(backend, model_file, max(widths), BATCH_CONTEXT),
                seqs=list(seqs), widths=list(widths), order="batched")
-    path = _cache_path(Path(model_file).stem + "-batched", key)
-    cached = _read_cache(path, key)
-    if cached is not None and len(cached) == len(seqs):
-        return tuple(tuple(float(c) for c in row) for row in cached)
-    if not quiet:
-        print(f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)",
-              file=sys.stderr)
-    with LoadMonitor().measure() as load:
-        costs = measure_batched(backend, seqs, widths)
-    if not load.sample.flagged:
-        _write_atomic(path, {"key": key, "costs": [list(row) for row in costs]})
-    return costs
+
+    def read(cached: Any) -> tuple[tuple[float, ...], ...] | None:
+        return tuple(tuple(float(c) for c in row) for row in cached) \
+            if len(cached) == len(seqs) else None
+
+    return _measured_once(
+        _cache_path(Path(model_file).stem + "-batched", key), key, read,
+        lambda: measure_batched(backend, seqs, widths), None if quiet else
+        f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)")
 
 
 def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,

@@ -343,8 +343,8 @@ class Engine:
         assert self.draft_model is not None and self.draft is not None
         widths = sorted({w for w in (1, 2, 3, 5, 9) if w <= self.k_max + 1} | {self.k_max + 1})
         seqs = sorted({s for s in (1, 2, 4, 8, 16) if s <= n} | {n})
-        room = min(_context_length(self.target), _context_length(self.draft))
-        if room < BATCH_CONTEXT + widths[-1] + seqs[-1]:
+        room = self.context_length
+        if room is not None and room < BATCH_CONTEXT + widths[-1] + seqs[-1]:
             return None
         try:
             target = self.target_model.batched_costs(seqs, widths)
@@ -437,16 +437,6 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
-
-
-def _context_length(backend: Any) -> int:
-    """Tokens one sequence of ``backend`` holds (llama.cpp: ``n_ctx``; transformers:
-    ``max_positions``; unbounded if it says neither)."""
-    for name in ("n_ctx", "max_positions"):
-        value = getattr(backend, name, None)
-        if isinstance(value, int):
-            return value
-    return 1 << 20
 
 
 def _chunk(text: str, infos: list[TokenInfo]) -> TextChunk:
