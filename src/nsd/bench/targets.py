@@ -1,0 +1,187 @@
+"""Speed targets checked against finished ``nsd bench`` runs (``benchmarks/speed_targets.py``).
+
+Each target is a paired ratio: the median over prompts of one method's tokens/s over a
+reference's on the same prompt in the same interleaved run (:mod:`nsd.bench.speed`). The
+targets are the CPU speed targets the project set itself (issue 26): some hold for any CPU,
+some only where the CPU has AMX; a run on another CPU still shows its figure, marked as
+not applicable, because "what it is without AMX" is asked for too.
+
+Where a ratio to AR falls short, :func:`shortfall` says what the method's time would have
+to be, part by part (prefill, drafting, verification, the rest), each part alone taking the
+whole cut with the others held at their measured cost. It reads aggregate times (all
+prompts' seconds over all their tokens), which weigh long answers more than the paired
+median does, so it is a guide to where the time must come from, not a second verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from nsd.bench.methods import LLAMA_PEERS, is_peer_family
+from nsd.bench.speed import by_prompt, paired_ratio
+from nsd.bench.store import read_journal
+from nsd.errors import NSDError
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    family: str  # "nsd", "sd", or "*" for every method of nsd's own (peers left out)
+    reference: str  # "ar", or "llama": the faster of llama.cpp's own plain and speculative decoding
+    at_least: float
+    temperature: str  # "zero", "sampled" or "any"
+    amx_only: bool
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("NSD θ 0.9 ≥ 1.6× AR at T = 0", "nsd", "ar", 1.6, "zero", True),
+    Target("NSD θ 0.9 ≥ 1.3× AR at T > 0", "nsd", "ar", 1.3, "sampled", True),
+    Target("SD ≥ 1.1× AR at T = 0", "sd", "ar", 1.1, "zero", True),
+    Target("NSD θ 0.9 ≥ 1.6× the faster llama.cpp decoding", "nsd", "llama", 1.6, "zero", True),
+    Target("every method ≥ 0.97× AR", "*", "ar", 0.97, "any", False),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished (or partial) ``nsd bench`` output directory."""
+
+    name: str
+    records: tuple[dict, ...]
+    temperature: float
+    cpu: str
+    amx: bool
+
+
+@dataclass(frozen=True)
+class Check:
+    run: str
+    target: Target
+    method: str
+    reference: str  # the method label the ratio is against
+    ratio: float
+    applies: bool  # False: a target stated for AMX, read on a CPU without it
+
+    @property
+    def verdict(self) -> str:
+        if math.isnan(self.ratio):
+            return "no paired prompts"
+        met = self.ratio >= self.target.at_least
+        if not self.applies:
+            return ("would be met" if met else "would not be met") + " (stated for AMX)"
+        return "met" if met else "NOT met"
+
+
+def load_run(directory: Path) -> Run:
+    """A run's records (its journal) with the temperature and CPU it recorded."""
+    journal, results = directory / "journal.jsonl", directory / "results.json"
+    if not journal.is_file():
+        raise NSDError(f"{directory}: no journal.jsonl (is this an `nsd bench --out` directory?)")
+    records = tuple(read_journal(journal)[0].values())
+    if not records:
+        raise NSDError(f"{journal}: no records yet")
+    settings_path = results if results.is_file() else directory / "settings.json"
+    try:
+        saved = json.loads(settings_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{settings_path}: cannot read the run's settings ({exc})") from None
+    settings = saved.get("settings", saved)
+    # results.json is written when the run ends; a run still going has only settings.json,
+    # which does not record the CPU.
+    cpu = saved.get("environment", {}).get("cpu", {})
+    return Run(name=directory.as_posix().rstrip("/"), records=records,
+               temperature=float(settings["generation"]["temperature"]),
+               cpu=cpu.get("model", "CPU not recorded (run unfinished)"),
+               amx=str(cpu.get("amx", "False")) == "True")
+
+
+def _applies(target: Target, temperature: float) -> bool:
+    return {"zero": temperature == 0, "sampled": temperature > 0, "any": True}[target.temperature]
+
+
+def check(run: Run, targets: Sequence[Target] = TARGETS) -> list[Check]:
+    """Every target that concerns this run's temperature, for each method it names."""
+    labels = list(dict.fromkeys(r["method"] for r in run.records))
+    family = {r["method"]: r["family"] for r in run.records}
+    theta = {r["method"]: r.get("theta") for r in run.records}
+    peers = [p for p in LLAMA_PEERS if p in labels]
+    faster_peer = max(peers, key=lambda p: paired_ratio(run.records, p, "ar"), default=None)
+    out = []
+    for target in targets:
+        if not _applies(target, run.temperature):
+            continue
+        if target.reference == "llama":
+            if faster_peer is None:
+                continue
+            reference = faster_peer
+        else:
+            reference = target.reference
+        for label in labels:
+            f = family[label]
+            if label == reference or f == "ar" or is_peer_family(f):
+                continue
+            if target.family != "*" and (f != target.family or (f == "nsd" and theta[label] != 0.9)):
+                continue
+            out.append(Check(run.name, target, label, reference,
+                             paired_ratio(run.records, label, reference), run.amx or not target.amx_only))
+    return out
+
+
+def shortfall(run: Run, method: str, at_least: float, reference: str = "ar") -> dict | None:
+    """What ``method``'s time per token would have to be for ``at_least`` × the reference's
+    aggregate speed, and what each part would have to cost alone (None when it is met or
+    the run has no paired prompts)."""
+    pairs = [(rs[method], rs[reference]) for rs in by_prompt(run.records).values()
+             if method in rs and reference in rs]
+    if not pairs:
+        return None
+
+    def visible(r: dict) -> float:
+        return r["tokens_per_s"] * r["stats"]["wall_s"]
+
+    ours = [m["stats"] for m, _ in pairs]
+    tokens = sum(visible(m) for m, _ in pairs)
+    ref_s_per_token = sum(a["stats"]["wall_s"] for _, a in pairs) / sum(visible(a) for _, a in pairs)
+    parts = {"prefill": sum(s["prefill_s"] for s in ours), "draft": sum(s["propose_s"] for s in ours),
+             "verify": sum(s["target_s"] for s in ours)}
+    wall = sum(s["wall_s"] for s in ours)
+    parts["rest"] = wall - sum(parts.values())
+    allowed = tokens * ref_s_per_token / at_least
+    cut = wall - allowed
+    if cut <= 0:
+        return None
+    passes = sum(s["target_passes"] for s in ours)
+    return {"method": method, "ratio_aggregate": ref_s_per_token * tokens / wall, "at_least": at_least,
+            "ms_per_token": 1e3 * wall / tokens, "needed_ms_per_token": 1e3 * allowed / tokens,
+            "passes": passes, "prompts": len(pairs), "tau": sum(s["new_tokens"] for s in ours) / passes,
+            # The prompt's prefill is paid once per prompt, the rest once per pass.
+            "parts": {name: {"unit": "ms/prompt" if name == "prefill" else "ms/pass",
+                             "now": 1e3 * seconds / (len(pairs) if name == "prefill" else passes),
+                             "alone": (1e3 * (seconds - cut) / (len(pairs) if name == "prefill" else passes)
+                                       if seconds > cut else None)}
+                      for name, seconds in parts.items()}}
+
+
+def format_checks(checks: Sequence[Check], runs: dict[str, Run]) -> str:
+    lines = ["| run | CPU | T | target | method | vs | paired ratio | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        run = runs[c.run]
+        cpu = f"{run.cpu}{', AMX' if run.amx else ', no AMX'}"
+        lines.append(f"| {c.run} | {cpu} | {run.temperature:g} | {c.target.label} | {c.method} | {c.reference} "
+                     f"| {c.ratio:.2f}x | {c.verdict} |")
+    return "\n".join(lines)
+
+
+def format_shortfall(run: str, gap: dict) -> str:
+    parts = ", ".join(
+        f"{name} {p['now']:.1f} {p['unit']} → "
+        + (f"{p['alone']:.1f} alone" if p["alone"] is not None else "not enough alone")
+        for name, p in gap["parts"].items())
+    return (f"- {run}, {gap['method']}: {gap['ratio_aggregate']:.2f}x AR in aggregate over {gap['prompts']} prompts "
+            f"(τ {gap['tau']:.2f}, {gap['passes']} passes); {gap['at_least']:g}x needs "
+            f"{gap['needed_ms_per_token']:.1f} ms/token against {gap['ms_per_token']:.1f}: {parts}")
