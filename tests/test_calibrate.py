@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,7 +74,7 @@ def quiet_machine(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, monkeypatch) -> None:
+def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path: Path, monkeypatch) -> None:
     busy = {"flag": False}
 
     @contextlib.contextmanager
@@ -87,11 +88,21 @@ def test_comparison_is_cached_and_not_when_busy(clock: Clock, tmp_path: Path, mo
         files[name] = tmp_path / f"{name}.gguf"
         files[name].write_bytes(b"x")
     a, b = TimedLM(clock, 0.010), TimedLM(clock, 0.006)
+    pair = {"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}
     busy["flag"] = True
-    calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
-    assert not list(tmp_path.glob("calibration/compare-*.json"))
+    provisional = calibrate.compare_step_costs(pair, quiet=True)
+    stored = json.loads(next(tmp_path.glob("calibration/compare-*.json")).read_text())
+    assert stored["provisional"] is True
+    # Busy again: measured again, that measurement discarded, the provisional costs serve
+    # (a seeded -k auto run repeats its choices on a machine that stays busy).
+    a.per_token, calls = 0.020, clock.calls
+    assert calibrate.compare_step_costs(pair, quiet=True) == provisional and clock.calls > calls
+    # Idle: the new measurement replaces them for good.
     busy["flag"] = False
-    first = calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
+    first = calibrate.compare_step_costs(pair, quiet=True)
+    assert first["original"] > provisional["original"]
+    assert "provisional" not in json.loads(next(tmp_path.glob("calibration/compare-*.json")).read_text())
+    a.per_token = 0.010
     calls = clock.calls
     again = calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
     assert again == first and clock.calls == calls  # from the cache: nothing ran

@@ -139,3 +139,32 @@ def test_every_subcommands_help_prints(command, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_more_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    cases = [
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt-file", str(binary)],
+         "is not utf-8 text (byte 0xff at offset 0)"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--system", "be nice"],
+         "--system needs --chat"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--threads", "5000"], "--threads"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--k-max", "65"], "--k-max"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err.lower() and "Traceback" not in err and err.count("\n") == 1, (argv, err)
+
+
+def test_compile_on_the_llama_backend_is_refused_not_ignored(tmp_path) -> None:
+    pytest.importorskip("llama_cpp")
+    from gguf_files import write_tiny_gguf
+    from nsd.api import BackendOptions
+    from nsd.errors import NSDError
+    from nsd.models.loader import load_backend
+
+    gguf = write_tiny_gguf(tmp_path / "m.gguf")
+    with pytest.raises(NSDError, match=r"--compile torch is for the transformers backend"):
+        load_backend(str(gguf), BackendOptions(backend="llama", compile="torch"))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
 from nsd.options import default_proposer
 from nsd.compare import run_compare
+from nsd.errors import NSDError
 
 
 class _Tok:
@@ -37,3 +40,15 @@ def test_compare_table_rows_and_tau() -> None:
     # -k auto: the column says so, with the mean k the cost model chose.
     auto = run_compare(engine, ["abc"], [GenerationConfig(method="sd", max_new_tokens=10)])
     assert "| sd | auto (mean " in auto
+
+
+def test_a_generation_that_cannot_fit_the_context_is_refused_before_any_work() -> None:
+    target = MockLM(seed=1)
+    target.n_ctx = 32  # what the llama.cpp backend reports: the context asked for
+    engine = Engine.from_backends(target, _Tok(), MockLM(seed=1), eos_token_ids=())
+    prompt = engine.encode("abcdefghij")
+    with pytest.raises(NSDError, match=r"the prompt has 10 tokens; with max_new_tokens 23 .* context of 32"):
+        engine.generate(prompt, GenerationConfig(method="sd", k=4, max_new_tokens=23))
+    assert target.num_cached == 0  # nothing was fed
+    done = engine.generate(prompt, GenerationConfig(method="sd", k=4, max_new_tokens=22))
+    assert done.stats.new_tokens == 22  # a generation that exactly fills the context is allowed

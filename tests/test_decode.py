@@ -231,6 +231,11 @@ def test_ngram_sd_is_lossless_greedy() -> None:
     ar, _ = _run(target, DecodeConfig(speculative=False, sampling=GREEDY, max_new_tokens=60))
     sd, stats = _run(target, DecodeConfig(sampling=GREEDY, k=4, max_new_tokens=60), NgramProposer())
     assert sd == ar and stats.accepted_tokens > 0 and stats.target_passes < 60
+    # k_per_pass says what was drafted, not the k asked for: lookup finds fewer tokens
+    # (often none) where the context does not repeat.
+    assert len(stats.k_per_pass) == stats.target_passes
+    assert sum(stats.k_per_pass) == stats.drafted_tokens
+    assert 0 in stats.k_per_pass and len(stats.accepted_per_pass) == sum(k > 0 for k in stats.k_per_pass)
 
 
 def test_adaptive_k_policy() -> None:

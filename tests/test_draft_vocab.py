@@ -218,6 +218,21 @@ def test_reduced_draft_logits_are_the_full_drafts_on_kept_tokens(smol: Path, tmp
 
 
 @pytest.mark.llama
+def test_a_tiny_kept_vocabulary_still_makes_a_loadable_draft(smol: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from nsd.models.draft_vocab import ensure_reduced_draft, open_reduced_draft
+
+    src = tmp_path / smol.name
+    shutil.copyfile(smol, src)
+    counts = np.zeros(49152, dtype=np.int64)
+    counts[PROMPT[:10]] = 10
+    reduced = ensure_reduced_draft(src, 10, counts=counts)  # no BPE merge survives this
+    small = open_reduced_draft(reduced, n_threads=2, n_ctx=64)
+    assert small.forward(PROMPT[:5]).shape == (5, len(reduced.vocab_map.draft_to_target))
+
+
+@pytest.mark.llama
 def test_token_counts_are_deterministic(smol: Path) -> None:
     from nsd.models.token_rank import count_tokens
 

@@ -77,22 +77,24 @@ def counted(monkeypatch, tmp_path: Path):
     return SimpleNamespace(calls=calls, busy=busy, dir=tmp_path)
 
 
-def test_host_costs_are_cached_per_configuration_and_not_when_busy(counted) -> None:
+def test_host_costs_are_cached_per_configuration_and_provisionally_when_busy(counted) -> None:
     greedy, sampled, rule = SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9), RuleConfig()
     counted.busy["flag"] = True
-    hc.host_costs(100, greedy, rule, 5)
-    assert not list(counted.dir.glob("calibration/host-*.json"))
+    provisional = hc.host_costs(100, greedy, rule, 5)
+    # Busy again: measured again and discarded; the provisional costs serve.
+    assert hc.host_costs(100, greedy, rule, 5) == provisional and len(counted.calls) == 2
     counted.busy["flag"] = False
-    first = hc.host_costs(100, greedy, rule, 5)
-    assert hc.host_costs(100, greedy, rule, 5) == first and len(counted.calls) == 2  # read back
+    first = hc.host_costs(100, greedy, rule, 5)  # idle: replaces them
+    assert first != provisional and len(counted.calls) == 3
+    assert hc.host_costs(100, greedy, rule, 5) == first and len(counted.calls) == 3  # read back
     # Another temperature with the same filters on is the same measurement ...
     hc.host_costs(100, SamplingConfig(temperature=0.3, top_p=0.5), rule, 5)
-    assert len(counted.calls) == 3
+    assert len(counted.calls) == 4
     assert hc.host_costs(100, sampled, rule, 5) == hc.host_costs(100, SamplingConfig(temperature=0.3, top_p=0.5), rule, 5)
     # ... another rule or vocabulary is not; persist=False always measures and never stores.
     hc.host_costs(100, greedy, RuleConfig(kind="nucleus", theta=0.9), 5)
     hc.host_costs(200, greedy, rule, 5, persist=False)
-    assert len(counted.calls) == 5
+    assert len(counted.calls) == 6
     assert len(list(counted.dir.glob("calibration/host-*.json"))) == 3
 
 

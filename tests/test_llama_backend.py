@@ -154,6 +154,18 @@ def test_context_overflow_raises_and_keeps_cache(backend: LlamaCppBackend) -> No
     torch.testing.assert_close(backend.forward(DRAFT), before, atol=ATOL, rtol=0)
 
 
+def test_context_is_the_size_asked_for_and_a_longer_forward_raises(gguf: Path) -> None:
+    # llama.cpp rounds 300 up to 512, but one forward may carry at most n_batch = 300
+    # tokens: with the rounded size a 301-token prompt passed the room check and then
+    # aborted the process inside llama_decode.
+    with LlamaCppBackend(gguf, n_threads=2, n_ctx=300) as b:
+        assert b.n_ctx == 300
+        with pytest.raises(NSDError, match="context of 300 tokens"):
+            b.forward([PROMPT[0]] * 301)
+        assert b.num_cached == 0
+        assert b.forward([PROMPT[0]] * 300, all_logits=False).shape == (1, b.vocab_size)
+
+
 def test_rejects_bad_input(gguf: Path, backend: LlamaCppBackend) -> None:
     with pytest.raises(ValueError):
         backend.forward([backend.vocab_size])

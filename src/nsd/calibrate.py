@@ -8,9 +8,11 @@ verifying 5 tokens cost 1.4 steps, on another 2.7), so it is measured, never tab
 A measurement takes a few seconds and is cached under ``calibration/`` in the nsd cache,
 keyed by everything that changes it: CPU model and flags, the model file (path, size,
 modification time), the backend and its version, thread count, and the context length.
-Costs measured while other processes kept the cores busy are used for that run only and
-never cached: on two cores a busy neighbour can make a step several times slower, and a
-table of such numbers would mislead every later run.
+Costs measured while other processes kept the cores busy are stored only provisionally:
+on two cores a busy neighbour can make a step several times slower, and a table of such
+numbers would mislead every later run, so each later run measures again until one is
+taken on an idle machine; meanwhile the provisional costs serve, so that a seeded ``-k
+auto`` generation chooses the same draft lengths from one run to the next.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
                        refresh: bool = False, quiet: bool = False, n_tokens: int = 1) -> dict[str, float]:
     """c(n_tokens) seconds (default: one-token steps) of each named (backend, file),
     measured side by side and cached like :func:`calibrate` (keyed by every candidate's key;
-    not cached when the machine is busy)."""
+    provisionally when the machine is busy)."""
     names = list(candidates)
     key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
            "repeats": COMPARE_REPEATS}
@@ -183,29 +185,48 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
 
     return _measured_once(
         _cache_path("compare", key), key, None if refresh else read, measure, None if quiet else
-        f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)")
+        f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)",
+        busy=f"the {what} costs")[0]
 
 
 def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | None,
-                   measure: Callable[[], Any], note: str | None) -> Any:
-    """The costs cached at ``path`` under ``key`` where ``read`` accepts them (it returns
-    None for a cache of another shape; no ``read``: measure anyway), else ``measure()``,
-    cached unless other processes kept the cores busy meanwhile. ``note`` is printed
-    before measuring."""
+                   measure: Callable[[], Any], note: str | None,
+                   busy: str = "these costs") -> tuple[Any, bool]:
+    """``(costs, from_cache)``: the costs cached at ``path`` under ``key`` where ``read``
+    accepts them (it returns None for a cache of another shape; no ``read``: measure
+    anyway), else ``measure()``. ``note`` is printed before measuring.
+
+    A measurement taken while other processes kept the cores busy is stored as
+    *provisional*: every later call measures again, an idle measurement replaces it, and a
+    busy one is discarded while the provisional costs serve. Used only for the run that
+    measured them, busy costs would make a seeded ``-k auto`` generation choose other draft
+    lengths on every run of a machine that never goes quiet; stored for good, they would
+    misprice every later run. ``busy`` names the costs in the message saying so."""
     from nsd.load import LoadMonitor  # psutil: only needed when measuring
 
-    cached = _read_cache(path, key) if read is not None else None
-    if cached is not None:
-        value = read(cached)
-        if value is not None:
-            return value
+    entry = _read_entry(path, key) if read is not None else None
+    provisional = None
+    if entry is not None:
+        value = read(entry["costs"])
+        if value is not None and not entry.get("provisional"):
+            return value, True
+        provisional = value
     if note:
         print(note, file=sys.stderr)
     with LoadMonitor().measure() as load:
         costs = measure()
     if not load.sample.flagged:
         _write_atomic(path, {"key": key, "costs": costs})
-    return costs
+        return costs, False
+    busy_cores = f"the machine is busy ({100 * load.sample.other_cpu:.0f}% of the cores used by other processes)"
+    if provisional is not None:
+        print(f"nsd: {busy_cores}: this measurement is discarded and {busy} stored from an "
+              "earlier busy run serve until the machine is measured idle", file=sys.stderr)
+        return provisional, True
+    print(f"nsd: {busy_cores}: {busy} are stored provisionally and measured again on later "
+          "runs until the machine is idle", file=sys.stderr)
+    _write_atomic(path, {"key": key, "costs": costs, "provisional": True})
+    return costs, False
 
 
 def _cache_path(stem: str, key: dict[str, Any]) -> Path:
@@ -215,13 +236,14 @@ def _cache_path(stem: str, key: dict[str, Any]) -> Path:
     return cache_dir() / "calibration" / f"{stem}-{digest}.json"
 
 
-def _read_cache(path: Path, key: dict[str, Any]) -> Any:
-    """The cached ``costs`` stored under exactly ``key``, or None (absent, another key, or
-    unreadable: then it is measured again and overwritten)."""
+def _read_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cache entry (``costs``, and ``provisional`` when measured on a busy machine)
+    stored under exactly ``key``, or None (absent, another key, or unreadable: then it is
+    measured again and overwritten)."""
     try:
         data = json.loads(path.read_text())
-        return data["costs"] if data.get("key") == key else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return data if data.get("key") == key and "costs" in data else None
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -272,7 +294,7 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
                       seqs: Sequence[int], widths: Sequence[int], quiet: bool = False
                       ) -> tuple[tuple[float, ...], ...]:
     """:func:`measure_batched`, cached like :func:`calibrate` for a model from a file (and,
-    like it, not cached when other processes kept the cores busy)."""
+    like it, provisionally when other processes kept the cores busy)."""
     if model_file is None:
         return measure_batched(backend, seqs, widths)
     key = dict(calibration_key(backend, model_file, max(widths), BATCH_CONTEXT),
@@ -285,7 +307,8 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
     return _measured_once(
         _cache_path(Path(model_file).stem + "-batched", key), key, read,
         lambda: measure_batched(backend, seqs, widths), None if quiet else
-        f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)")
+        f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)",
+        busy="the batched forward costs")[0]
 
 
 def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
@@ -304,24 +327,17 @@ def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n
 def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
               refresh: bool = False, quiet: bool = False) -> Calibration:
     """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
-    cache when this machine has measured them before."""
-    from nsd.load import LoadMonitor  # psutil: only needed when measuring
-
+    cache when this machine has measured them before (see :func:`_measured_once` for a
+    busy machine)."""
     # "order": how the sizes are timed (see measure()); costs timed the old way are stale.
     key = dict(calibration_key(backend, model_file, n_max), order=MEASURE_ORDER)
-    path = _cache_path(Path(model_file).stem, key)
-    cached = None if refresh else _read_cache(path, key)
-    if cached is not None and len(cached) == n_max:
-        return Calibration(tuple(float(c) for c in cached), key, cached=True)
-    if not quiet:
-        print(f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
-              file=sys.stderr)
-    with LoadMonitor().measure() as load:
-        costs = measure(backend, n_max)
-    if load.sample.flagged:
-        print(f"nsd: the machine is busy ({100 * load.sample.other_cpu:.0f}% of the cores used by "
-              "other processes): these step costs serve this run only and are not cached",
-              file=sys.stderr)
-        return Calibration(costs, key, cached=False)
-    _write_atomic(path, {"key": key, "costs": list(costs)})
-    return Calibration(costs, key, cached=False)
+
+    def read(cached: Any) -> tuple[float, ...] | None:
+        return tuple(float(c) for c in cached) if len(cached) == n_max else None
+
+    costs, from_cache = _measured_once(
+        _cache_path(Path(model_file).stem, key), key, None if refresh else read,
+        lambda: list(measure(backend, n_max)), None if quiet else
+        f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
+        busy="the step costs")
+    return Calibration(tuple(costs), key, cached=from_cache)

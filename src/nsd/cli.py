@@ -42,6 +42,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
             text = sys.stdin.read() if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8").read()
         except OSError as exc:
             raise NSDError(f"cannot read prompt file {args.prompt_file}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            where = "standard input" if args.prompt_file == "-" else f"prompt file {args.prompt_file}"
+            raise NSDError(f"{where} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                           f"offset {exc.start})") from None
     elif args.prompt is not None:
         text = args.prompt
     else:
@@ -69,6 +73,8 @@ def summary_line(stats) -> str:
 def cmd_generate(args: argparse.Namespace) -> int:
     config = generation_config(args)
     prompt = _read_prompt(args)
+    if args.system is not None and not args.chat:  # before the models load
+        raise NSDError("--system needs --chat: the system message goes into the chat template")
     engine = make_engine(args, needs_proposer=config.method != "ar")
     ids = engine.encode(prompt, chat=args.chat, system=args.system)
     stream = engine.stream(ids, config)

@@ -9,6 +9,8 @@ refused by the frozen config built from the parsed flags, with the option's own 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any, Callable, Iterable, Mapping
 
 from nsd import options as optspec
@@ -100,6 +102,10 @@ def backend_options(args: argparse.Namespace):
     from nsd.api import BackendOptions
 
     _check_flags(args, optspec.BACKEND)
+    threads, cores = getattr(args, "threads", None), os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        print(f"nsd: --threads {threads} on {cores} cores: llama.cpp runs slower with more "
+              "threads than cores", file=sys.stderr)
     return BackendOptions.from_mapping(vars(args))
 
 

@@ -90,8 +90,8 @@ class DecodeStats:
     target_s: float  # time in target forwards after the prefill
     position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
     position_accepts: list[int] = field(default_factory=list)
-    accepted_per_pass: list[int] = field(default_factory=list)  # draft tokens accepted per pass
-    k_per_pass: list[int] = field(default_factory=list)  # draft length asked for per pass
+    accepted_per_pass: list[int] = field(default_factory=list)  # accepted per pass that verified drafts
+    k_per_pass: list[int] = field(default_factory=list)  # tokens drafted per pass (0: a plain step)
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
     lookup_blocks: int = 0  # blocks proposed by prompt lookup instead of the draft model
     # Of drafted_tokens / accepted_tokens, those of lookup blocks: each proposer's own
@@ -99,8 +99,9 @@ class DecodeStats:
     lookup_drafted: int = 0
     lookup_accepted: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
-    # What the -k auto policy learns from, per source of blocks: "draft" (the draft model)
-    # and "lookup:N" (prompt lookup after a matched n-gram of N tokens), each as [tests,
+    # What the -k auto policy learns from, per source of blocks: "draft" (the proposer's
+    # own blocks: the draft model's, or prompt lookup's when it drafts alone) and "lookup:N"
+    # (the hybrid proposer's copies) (prompt lookup after a matched n-gram of N tokens), each as [tests,
     # accepts] over draft positions whose test ran (up to the first rejection), so
     # accepts / tests is that source's per-position conditional acceptance. Stored starting
     # estimates (:mod:`nsd.priors`) are made from these counts.
@@ -271,8 +272,6 @@ def decode(
         if k > len(attempts):
             attempts += [0] * (k - len(attempts))
             accepts += [0] * (k - len(accepts))
-        if config.speculative:
-            k_per_pass.append(k)
         t0 = time.perf_counter()
         if not (config.speculative and k > 0):
             proposal = None
@@ -282,6 +281,8 @@ def decode(
             proposal = proposer.propose(context, k, generator)
         draft = proposal.tokens.tolist() if proposal is not None else []
         t1 = time.perf_counter()
+        if config.speculative:  # what was drafted: prompt lookup may find fewer than k
+            k_per_pass.append(len(draft))
         logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
         t2 = time.perf_counter()
         propose_s += t1 - t0

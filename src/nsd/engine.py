@@ -173,6 +173,8 @@ class Engine:
             return self._encode_messages(list(prompt))
         if not prompt or not prompt.strip():
             raise NSDError("the prompt is empty")
+        if system is not None and not chat:  # it would be dropped without a word
+            raise NSDError("a system message goes into the chat template: give chat=True (--chat)")
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
@@ -371,6 +373,13 @@ class Engine:
     def _stream(self, prompt_ids: Sequence[int], config: GenerationConfig,
                 joined: list[CostModelK]) -> Generator[str, None, GenerationResult]:
         decode_config = config.decode_config()
+        # Refuse up front what cannot fit, rather than fail once the cache is full with the
+        # tokens generated so far lost (the server checks the same before queueing).
+        room = self.context_length
+        if room is not None and len(prompt_ids) + decode_config.max_new_tokens > room:
+            raise NSDError(f"the prompt has {len(prompt_ids)} tokens; with max_new_tokens "
+                           f"{decode_config.max_new_tokens} that exceeds the context of {room} "
+                           "tokens (shorten the prompt, lower max_new_tokens or raise n_ctx)")
         stops = tuple(s for s in config.stop if s)
         tail = max((len(s) for s in stops), default=0) + 16  # characters held back on display
         stop_check = StopScanner(self.tokenizer, stops) if stops else None

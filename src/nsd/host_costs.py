@@ -15,7 +15,8 @@ rows would send top-p to its slow full-sort path far more often than text does) 
 ``fixed + per_row · rows`` to a speculative pass. :func:`host_costs` caches the result
 beside the step costs, keyed by what changes it (CPU, torch and its thread count, the
 vocabularies, which filters are on, the rule): like them, it is measured once and then
-read, so a seeded generation chooses the same draft lengths however busy the machine is.
+read (provisionally while the machine stays busy), so a seeded generation chooses the
+same draft lengths from one run to the next.
 """
 
 from __future__ import annotations
@@ -187,23 +188,21 @@ def host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max: in
                draft_vocab: int | None = None, persist: bool = True) -> HostCosts:
     """:func:`measure_host_costs`, read from the calibration cache when this machine has
     measured it before (``persist=False``: always measured, never stored). Measured
-    while other processes kept the cores busy, it serves this call only."""
-    from nsd.calibrate import _cache_path, _read_cache, _write_atomic
-    from nsd.load import LoadMonitor
+    while other processes kept the cores busy, it is stored provisionally
+    (:func:`nsd.calibrate._measured_once`)."""
+    from nsd.calibrate import _cache_path, _measured_once
 
     key = host_costs_key(vocab, sampling, rule, n_max, draft_vocab)
-    path = _cache_path("host", key)
-    cached = _read_cache(path, key) if persist else None
-    if cached is not None:
+
+    def read(cached: Any) -> HostCosts | None:
         try:
             return HostCosts(**cached)
         except (TypeError, ValueError):
-            pass  # unreadable: measured again and overwritten
-    with LoadMonitor().measure() as load:
-        costs = measure_host_costs(vocab, sampling, rule, n_max, draft_vocab)
-    if persist and not load.sample.flagged:
-        _write_atomic(path, {"key": key, "costs": costs.__dict__})
-    elif persist:
-        print("nsd: the machine is busy: nsd's own per-pass costs serve this run only and "
-              "are not cached", file=sys.stderr)
-    return costs
+            return None  # unreadable: measured again and overwritten
+
+    if not persist:
+        return measure_host_costs(vocab, sampling, rule, n_max, draft_vocab)
+    costs, _ = _measured_once(_cache_path("host", key), key, read,
+                              lambda: measure_host_costs(vocab, sampling, rule, n_max, draft_vocab).__dict__,
+                              None, busy="nsd's own per-pass costs")
+    return costs if isinstance(costs, HostCosts) else HostCosts(**costs)

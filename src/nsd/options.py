@@ -185,11 +185,14 @@ DECODING = _opts(
 
 # How many tokens are drafted before each target pass.
 DRAFT_LENGTH = _opts(
-    Option("k", "auto", int, low=1, auto=True, short="-k", long="--draft-length",
+    # Up to 64: every drafted position's acceptance compounds, so blocks far longer than
+    # k_max's default never pay, and k sizes per-position bookkeeping and the measured
+    # step-cost table (c(1..k_max+1), timed once per machine).
+    Option("k", "auto", int, low=1, high=64, auto=True, short="-k", long="--draft-length",
            metavar="K|auto",
            help="draft tokens per block, or auto: before each block the cost model picks the k "
                 "(0 = a plain step) with the most expected tokens per second"),
-    Option("k_max", 8, int, low=1, help="largest k for -k auto and --adaptive-k"),
+    Option("k_max", 8, int, low=1, high=64, help="largest k for -k auto and --adaptive-k"),
     Option("adaptive_k", False, bool, help="grow k by 2 after a fully accepted block, shrink by 1 "
                                            "otherwise (up to --k-max)"),
 )
@@ -201,7 +204,9 @@ BACKEND = _opts(
            help="model engine: llama.cpp for GGUF (auto picks it when installed) or transformers"),
     Option("dtype", "auto", str, choices=("auto", "float32", "bfloat16", "float16"),
            help="weights dtype for the transformers backend (auto: bfloat16 on CUDA, float32 on CPU)"),
-    Option("threads", None, int, low=1, optional=True, help="CPU threads (default: all cores)"),
+    # More threads than cores only slows llama.cpp down (its threads spin while they wait);
+    # the bound catches a typo that would start thousands of them.
+    Option("threads", None, int, low=1, high=1024, optional=True, help="CPU threads (default: all cores)"),
     Option("n_ctx", 4096, int, low=16,
            help="context length (llama.cpp; the transformers backend's static KV cache)"),
     Option("device", "auto", str, metavar="auto|cpu|cuda[:N]",

@@ -203,8 +203,10 @@ class LlamaCppBackend:
             self.close()
             raise NSDError(f"llama.cpp could not create a context of {n_seq} x {n_ctx} tokens")
         self._memory = lib.llama_get_memory(self._ctx)
-        # llama.cpp may round the context size; each sequence is allowed its share.
-        self._n_ctx = int(lib.llama_n_ctx(self._ctx)) // n_seq
+        # llama.cpp rounds the context up (to a multiple of 256); each sequence is allowed
+        # what was asked for, no more: n_batch is the asked size, so a forward longer than
+        # it would abort inside llama.cpp instead of raising "context full".
+        self._n_ctx = min(n_ctx, int(lib.llama_n_ctx(self._ctx)) // n_seq)
         self._n_seq = n_seq
         self._cached = [0] * n_seq  # positions each sequence's cache holds
         # The ids whose KV each sequence holds (-1: a position fed as an embedding).

@@ -120,7 +120,10 @@ def reduce_gguf(src: Path, dst: Path, kept: np.ndarray, head: str = DEFAULT_HEAD
             elif key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
                 value = [value[i] for i in kept]
             elif key == "tokenizer.ggml.merges":
-                value = [m for m in value if _merge_kept(m, kept_strings)]
+                # llama.cpp refuses a BPE vocabulary without merges, and GGUF an empty
+                # array; the draft's own tokenizer is never used (it is fed embeddings), so
+                # where no merge survives a tiny vocabulary, the first one stands in.
+                value = [m for m in value if _merge_kept(m, kept_strings)] or value[:1]
             elif key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
                 if int(value) not in new_id:
                     continue  # a dropped token: the reduced draft has no such token

@@ -155,6 +155,9 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
     if backend == "llama":
+        if options.compile != "none":  # a flag that would change nothing is a mistake to say
+            raise NSDError(f"--compile {options.compile} is for the transformers backend (--backend hf); "
+                           "the llama.cpp backend runs its own compiled kernels")
         if resolved.gguf_path is None:
             raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
                            "folder (use --backend hf)")
