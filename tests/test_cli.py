@@ -35,6 +35,20 @@ def test_bad_input_exits_2_with_message(argv, message, capsys) -> None:
     assert err.count("\n") == 1
 
 
+def test_compare_warms_up_unless_told_not_to(monkeypatch, capsys) -> None:
+    import nsd.cli
+    from test_compare import _counting_engine
+
+    for flags, warm_calls in (([], 2), (["--no-warmup"], 0)):
+        engine, calls = _counting_engine()
+        monkeypatch.setattr(nsd.cli, "make_engine", lambda args: engine)
+        argv = ["compare", "--target", "t", "--methods", "ar,sd", "--prompt", "abc",
+                "--max-new-tokens", "6", *flags]
+        assert main(argv) == 0
+        assert len(calls) == warm_calls + 2 and calls[-1].max_new_tokens == 6
+        assert "| sd |" in capsys.readouterr().out
+
+
 def test_argparse_typos_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "nsd.cli", "generate", "--theta", "abc"],
                           capture_output=True, text=True)

@@ -6,9 +6,10 @@ import pytest
 
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.options import default_proposer
+from nsd.bench.runner import WARMUP_TOKENS
 from nsd.compare import run_compare
 from nsd.errors import NSDError
+from nsd.options import default_proposer
 
 
 class _Tok:
@@ -52,3 +53,36 @@ def test_a_generation_that_cannot_fit_the_context_is_refused_before_any_work() -
     assert target.num_cached == 0  # nothing was fed
     done = engine.generate(prompt, GenerationConfig(method="sd", k=4, max_new_tokens=22))
     assert done.stats.new_tokens == 22  # a generation that exactly fills the context is allowed
+
+
+def _counting_engine() -> tuple[Engine, list[GenerationConfig]]:
+    """A mock engine that records the config of every generate call."""
+    engine = Engine.from_backends(MockLM(seed=1), _Tok(), MockLM(seed=1), eos_token_ids=())
+    calls: list[GenerationConfig] = []
+    generate = engine.generate
+
+    def recording_generate(prompt, config=GenerationConfig(), chat=False):
+        calls.append(config)
+        return generate(prompt, config, chat)
+
+    engine.generate = recording_generate
+    return engine, calls
+
+
+def test_compare_warms_every_method_up_untimed() -> None:
+    # The first call of a process pays one-off costs (allocations, host-cost measurements
+    # per verification rule): without a warm-up they land on whichever method runs first.
+    engine, calls = _counting_engine()
+    configs = [GenerationConfig(method=m, max_new_tokens=20, k=4) for m in ("ar", "sd", "nsd")]
+    text = run_compare(engine, ["abc", "hello"], configs)
+    warm, timed = calls[:3], calls[3:]
+    assert [c.method for c in warm] == ["ar", "sd", "nsd"]
+    assert all(c.max_new_tokens == WARMUP_TOKENS for c in warm)
+    assert [c.max_new_tokens for c in timed] == [20] * 6
+    # The warm-up's tokens are in no row: AR's 2 prompts x 20 tokens.
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in text.splitlines()
+            if line.startswith("| ") and "method" not in line}
+    assert rows["ar"] == "40"
+    engine, calls = _counting_engine()
+    run_compare(engine, ["abc"], configs, warmup=False)
+    assert [c.max_new_tokens for c in calls] == [20] * 3

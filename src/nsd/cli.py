@@ -117,7 +117,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     configs = [generation_config(args, method=m) for m in methods]
     prompts = [args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
     engine = make_engine(args)
-    print(run_compare(engine, prompts, configs, chat=args.chat))
+    print(run_compare(engine, prompts, configs, chat=args.chat, warmup=args.warmup))
     return 0
 
 
@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--methods", default="ar,sd,nsd", help="comma-separated methods")
     cmp_.add_argument("--prompt", default=None, help="one prompt instead of the built-in ones")
     cmp_.add_argument("--chat", action="store_true")
+    cmp_.add_argument("--no-warmup", dest="warmup", action="store_false",
+                      help="skip the short untimed warm-up call of each method")
     cmp_.set_defaults(func=cmd_compare)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")

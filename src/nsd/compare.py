@@ -1,16 +1,20 @@
 """``nsd compare``: AR, SD and NSD on the same models and prompts, in one run.
 
-Methods are interleaved prompt by prompt so drift in machine load hits all of them alike.
+Methods are interleaved prompt by prompt so drift in machine load hits all of them alike,
+after one short untimed call per method (as ``nsd bench`` does), so the one-off costs of a
+process's first calls are billed to no method.
 The figures use the same definitions as ``nsd bench`` (:mod:`nsd.aggregate`):
 speedups are medians of the per-prompt tokens/s ratios measured in this same run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Sequence
 
 from nsd.aggregate import deviation_per_token, median, speedup, tau
+from nsd.bench.runner import WARMUP_TOKENS
 from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
@@ -28,9 +32,23 @@ def check_methods(methods: Sequence[str]) -> None:
         raise NSDError(f"--methods names {', '.join(repeated)} more than once; name each method once")
 
 
-def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = False) -> str:
-    """Run every config on every prompt; return a Markdown table."""
+def warm_up(engine, ids: Sequence[int], configs: Sequence) -> None:
+    """One short untimed call per config. A process's first generation pays one-off costs
+    (lazy allocations, the first forwards, nsd's own work per pass measured once per
+    verification rule), which would otherwise inflate or deflate whichever method runs
+    first. Every config, not one per code path: SD, NSD and typical acceptance share the
+    proposer but not the rule."""
+    for config in configs:
+        engine.generate(list(ids), dataclasses.replace(config, max_new_tokens=WARMUP_TOKENS))
+
+
+def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = False,
+                warmup: bool = True) -> str:
+    """Run every config on every prompt; return a Markdown table. ``warmup``: first one
+    short untimed call per config, on the first prompt."""
     check_methods([c.method for c in configs])
+    if warmup and prompts:
+        warm_up(engine, engine.encode(prompts[0], chat=chat), configs)
     runs: dict[str, list] = {c.method: [] for c in configs}
     for i, prompt in enumerate(prompts):
         ids = engine.encode(prompt, chat=chat)

@@ -25,7 +25,9 @@ from nsd.load import LoadMonitor
 from nsd.errors import NSDError
 from nsd.options import NEEDS_DRAFT
 
-_WARMUP_TOKENS = 4
+# New tokens of each untimed warm-up call (here and in ``nsd compare``): enough to run a
+# prefill and a few decoding passes on every code path.
+WARMUP_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class BenchRunner:
             if path in seen:
                 continue
             seen.add(path)
-            config = dataclasses.replace(self._config(prompt, spec), max_new_tokens=_WARMUP_TOKENS)
+            config = dataclasses.replace(self._config(prompt, spec), max_new_tokens=WARMUP_TOKENS)
             self._generate(spec, ids, config)
 
     def _one(self, prompt: BenchPrompt, ids: list[int], spec: MethodSpec) -> dict:
