@@ -35,6 +35,23 @@ def test_bad_input_exits_2_with_message(argv, message, capsys) -> None:
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", ""], "no methods"),
+    (["--methods", " , "], "no methods"),
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt", "  \n"], "the prompt is empty"),
+])
+def test_compare_rejects_empty_methods_and_prompt_before_loading(extra, message, monkeypatch,
+                                                                 capsys) -> None:
+    import nsd.cli
+
+    monkeypatch.setattr(nsd.cli, "make_engine", lambda args: pytest.fail("loaded a model"))
+    assert main(["compare", "--target", "smollm2-135m-instruct", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nsd: error: {message}")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_compare_warms_up_unless_told_not_to(monkeypatch, capsys) -> None:
     import nsd.cli
     from test_compare import _counting_engine

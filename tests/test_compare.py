@@ -86,3 +86,10 @@ def test_compare_warms_every_method_up_untimed() -> None:
     engine, calls = _counting_engine()
     run_compare(engine, ["abc"], configs, warmup=False)
     assert [c.max_new_tokens for c in calls] == [20] * 3
+
+
+def test_compare_needs_a_method() -> None:
+    engine, calls = _counting_engine()
+    with pytest.raises(NSDError, match="no methods"):
+        run_compare(engine, ["abc"], [])
+    assert calls == []

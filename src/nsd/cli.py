@@ -115,7 +115,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_methods(methods)  # before the models load
     configs = [generation_config(args, method=m) for m in methods]
-    prompts = [args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
+    # An empty --prompt is a mistake, as in generate, not a request for the built-in ones.
+    if args.prompt is not None and not args.prompt.strip():
+        raise NSDError("the prompt is empty")
+    prompts = [args.prompt] if args.prompt is not None else list(DEFAULT_PROMPTS)
     engine = make_engine(args)
     print(run_compare(engine, prompts, configs, chat=args.chat, warmup=args.warmup))
     return 0

@@ -26,7 +26,10 @@ DEFAULT_PROMPTS = (
 
 
 def check_methods(methods: Sequence[str]) -> None:
-    """Each method once: a repeated one would have no runs of its own to pair with AR's."""
+    """At least one method, each once: a repeated one would have no runs of its own to pair
+    with AR's."""
+    if not methods:
+        raise NSDError("no methods: give --methods as a comma-separated list, e.g. ar,sd,nsd")
     repeated = sorted({m for m in methods if list(methods).count(m) > 1})
     if repeated:
         raise NSDError(f"--methods names {', '.join(repeated)} more than once; name each method once")
