@@ -375,3 +375,23 @@ def test_use_proposer_switches_and_checks_the_draft() -> None:
     with pytest.raises(NSDError, match="draft proposer needs a draft model"):
         engine.use_proposer("draft")
     assert engine.proposer_kind == "draft"  # a refused switch changes nothing
+
+
+def test_changed_settings_are_named_by_dotted_key(tmp_path: Path) -> None:
+    settings = {"target": "mock", "threads": 4,
+                "generation": {"max_new_tokens": 32, "temperature": 0.0, "k": 4, "stop": []}}
+    Journal(tmp_path, settings)
+    changed = {**settings, "generation": {**settings["generation"], "max_new_tokens": 16}}
+    with pytest.raises(NSDError) as exc:
+        Journal(tmp_path, changed)
+    message = str(exc.value)
+    assert "(generation.max_new_tokens: 32 -> 16)" in message
+    assert "temperature" not in message and "{" not in message  # not both whole dicts
+    # Keys only one side has, and more changes than are worth listing.
+    more = {"target": "other", "threads": 8, "generation": {"k": 2, "seed": 1}}
+    with pytest.raises(NSDError) as exc:
+        Journal(tmp_path, more)
+    message = str(exc.value)
+    assert "generation.k: 4 -> 2" in message and "generation.max_new_tokens: 32 -> unset" in message
+    assert "generation.seed: unset -> 1" in message and "and 3 more" in message
+

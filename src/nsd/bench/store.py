@@ -169,9 +169,31 @@ class Journal:
         self.records[self.key(record)] = record
 
 
-def _differences(old: Any, new: dict) -> str:
+_UNSET = object()  # a key only one of the two settings has
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``value``'s scalars (and lists, compared whole) by dotted path: ``generation.k``."""
+    if not isinstance(value, dict) or (prefix and not value):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _differences(old: Any, new: dict, shown: int = 4) -> str:
+    """The settings that changed, as ``path: old -> new``: just those, so that one changed
+    knob is not lost in two whole dicts of them."""
     if not isinstance(old, dict):
         return f"unreadable {SETTINGS}"
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    shown = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:4]]
-    return "; ".join(shown) + (" ..." if len(keys) > 4 else "")
+    before, after = _leaves(old), _leaves(new)
+    keys = sorted(k for k in before.keys() | after.keys()
+                  if before.get(k, _UNSET) != after.get(k, _UNSET))
+
+    def text(value: Any) -> str:
+        return "unset" if value is _UNSET else repr(value)
+
+    lines = [f"{k}: {text(before.get(k, _UNSET))} -> {text(after.get(k, _UNSET))}" for k in keys[:shown]]
+    more = len(keys) - shown
+    return "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
