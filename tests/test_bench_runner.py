@@ -395,3 +395,52 @@ def test_changed_settings_are_named_by_dotted_key(tmp_path: Path) -> None:
     assert "generation.k: 4 -> 2" in message and "generation.max_new_tokens: 32 -> unset" in message
     assert "generation.seed: unset -> 1" in message and "and 3 more" in message
 
+
+def test_a_run_that_cannot_start_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text(json.dumps({"id": 0, "prompt": PROMPTS[0].text}) + "\n")
+    monkeypatch.setenv("NSD_LLAMA_TOOLS", str(tmp_path / "no-tools"))
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: pytest.fail("loaded a model"))
+    out = tmp_path / "out"
+    argv = ["bench", "--dataset", str(data), "--no-chat", "--methods", "ar,llama-speculative",
+            "--max-new-tokens", "4", "--out", str(out), "--no-progress", "--no-warmup", "--no-plots"]
+    assert main(argv) == 2
+    assert "llama-speculative-simple, not found" in capsys.readouterr().err
+    assert not out.exists()
+    # A failure later in the start (here the model load) leaves an earlier run as it was,
+    # even with --overwrite.
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: fake_engine())
+    argv = argv[:argv.index("--methods") + 1] + ["ar"] + argv[argv.index("--methods") + 2:]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def cannot_load(args, draft):
+        raise NSDError("cannot load the model")
+
+    monkeypatch.setattr(bench_cli, "_engine", cannot_load)
+    for extra in (["--overwrite"], ["--max-new-tokens", "3", "--out", str(tmp_path / "new")]):
+        assert main(argv + extra) == 2
+        assert "cannot load the model" in capsys.readouterr().err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "new").exists()
+
+
+def test_deferred_journal_writes_on_first_append(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    journal = Journal(out, SETTINGS, defer_writes=True)
+    assert not out.exists() and len(journal) == 0
+    journal.append({"prompt": "p", "method": "ar"})
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS
+    assert len(Journal(out, SETTINGS)) == 1
+    # --overwrite with deferred writes: the earlier run goes only once a record replaces it.
+    again = Journal(out, SETTINGS, overwrite=True, defer_writes=True)
+    assert len(again) == 0 and len(read_journal(out / "journal.jsonl")[0]) == 1
+    again.append({"prompt": "q", "method": "ar"})
+    assert list(read_journal(out / "journal.jsonl")[0]) == [("q", "ar")]
+    # A folder that cannot be made fails at once, not after the models load.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(NSDError, match="file is not a folder"):
+        Journal(blocker / "out", SETTINGS, defer_writes=True)
+

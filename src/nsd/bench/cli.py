@@ -166,7 +166,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                          prompt_field=args.prompt_field, chat=args.chat))
     out = args.out or Path("results") / "-".join(Path(d).stem for d in args.dataset)
     settings = _settings(args, base)
-    journal = Journal(out, settings, overwrite=args.overwrite)
+    # Nothing is written to --out until the first record is: a run that cannot start
+    # (a model or peer program missing) leaves the folder, and any run in it, as it was.
+    journal = Journal(out, settings, overwrite=args.overwrite, defer_writes=True)
     if args.rerun_loaded:
         dropped = journal.drop_loaded_prompts()
         print(f"nsd bench: {dropped} prompts had calls run under load; running them again",
@@ -194,6 +196,10 @@ def _runner(args: argparse.Namespace, config, journal):
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods
+    if any(m.family == "llama-speculative" for m in methods):
+        from nsd.bench.llama_spec_peer import find_program
+
+        find_program()  # a missing program fails now, not after the models load
     engine = _engine(args, draft=any(m.proposer in optspec.NEEDS_DRAFT or m.family == "llama-speculative"
                                      for m in methods))
     peers = None

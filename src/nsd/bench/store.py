@@ -96,36 +96,61 @@ def read_journal(path: Path, key: Callable[[dict], tuple] = record_key
 
 class Journal:
     """Finished records of one output folder, keyed by ``key(record)``: by default
-    (prompt uid, method label); another benchmark may key by more fields."""
+    (prompt uid, method label); another benchmark may key by more fields.
+
+    The settings are checked and the journal read at once. ``defer_writes``: nothing in
+    the folder changes (not the folder itself, ``settings.json``, a repaired journal, or
+    an ``overwrite``'s removal of the earlier run) until the first record is appended, so
+    a run that cannot start (a model or peer program missing) leaves the folder as it was.
+    """
 
     def __init__(self, out_dir: Path, settings: dict, overwrite: bool = False,
-                 key: Callable[[dict], tuple] = record_key) -> None:
+                 key: Callable[[dict], tuple] = record_key, defer_writes: bool = False) -> None:
         self.key = key
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / JOURNAL
-        settings = json.loads(json.dumps(jsonable(settings)))
+        self.settings = json.loads(json.dumps(jsonable(settings)))
+        self.overwrite = overwrite
+        self._pinned = False
+        self._dirty = False  # the journal on disk needs rewriting from self.records
+        _check_writable(self.out_dir)
+        settings_path = self.out_dir / SETTINGS
+        if overwrite:
+            self.records: dict[tuple, dict] = {}
+        else:
+            if settings_path.is_file():
+                try:
+                    old = json.loads(settings_path.read_text(encoding="utf-8"))
+                except (OSError, json.JSONDecodeError):
+                    old = None
+                if old != self.settings:
+                    raise NSDError(f"{self.out_dir} holds a benchmark run with different settings "
+                                   f"({_differences(old, self.settings)}); use another --out "
+                                   "folder or pass --overwrite to discard it")
+            elif self.path.is_file() and self.path.stat().st_size:
+                raise NSDError(f"{self.path} exists without {SETTINGS}; use another --out "
+                               "folder or pass --overwrite")
+            self.records = self._read()
+        if not defer_writes:
+            self.pin()
+
+    def pin(self) -> None:
+        """Make the folder this journal's: create it, remove an earlier run being
+        overwritten, write ``settings.json`` and any pending rewrite of the journal. Once;
+        appending a record does it first."""
+        if self._pinned:
+            return
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise NSDError(f"cannot create output folder {self.out_dir}: {exc.strerror}") from exc
-        settings_path = self.out_dir / SETTINGS
-        if overwrite:
+        if self.overwrite:
             for name in OUTPUTS:
                 (self.out_dir / name).unlink(missing_ok=True)
-        elif settings_path.is_file():
-            try:
-                old = json.loads(settings_path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                old = None
-            if old != settings:
-                raise NSDError(f"{self.out_dir} holds a benchmark run with different settings "
-                               f"({_differences(old, settings)}); use another --out folder or "
-                               "pass --overwrite to discard it")
-        elif self.path.is_file() and self.path.stat().st_size:
-            raise NSDError(f"{self.path} exists without {SETTINGS}; use another --out "
-                           "folder or pass --overwrite")
-        write_json_atomic(settings_path, settings)
-        self.records: dict[tuple, dict] = self._read()
+        write_json_atomic(self.out_dir / SETTINGS, self.settings)
+        self._pinned = True
+        if self._dirty:
+            self._rewrite(self.records)
 
     def _read(self) -> dict[tuple, dict]:
         try:
@@ -136,12 +161,16 @@ class Journal:
             print(f"nsd: ignoring a truncated last line in {self.path}", file=sys.stderr)
         if torn or (self.path.is_file() and self.path.stat().st_size
                     and not self.path.read_bytes().endswith(b"\n")):
-            self._rewrite(records)  # drop the partial line so appends start on a fresh one
+            self._dirty = True  # drop the partial line so appends start on a fresh one
         return records
 
     def _rewrite(self, records: dict[tuple, dict]) -> None:
+        if not self._pinned:  # written when the folder is pinned
+            self._dirty = True
+            return
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values())
         write_text_atomic(self.path, text)
+        self._dirty = False
 
     def __contains__(self, key: tuple) -> bool:
         return key in self.records
@@ -160,6 +189,7 @@ class Journal:
         return len(loaded)
 
     def append(self, record: dict) -> None:
+        self.pin()
         record = jsonable(record)
         line = json.dumps(record, ensure_ascii=False) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
@@ -167,6 +197,18 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         self.records[self.key(record)] = record
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail now, not after the models load, where ``folder`` cannot be created or written:
+    its nearest existing ancestor must be a writable folder."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NSDError(f"cannot create output folder {folder}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise NSDError(f"cannot create output folder {folder}: no permission to write in {existing}")
 
 
 _UNSET = object()  # a key only one of the two settings has
