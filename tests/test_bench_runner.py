@@ -444,3 +444,23 @@ def test_deferred_journal_writes_on_first_append(tmp_path: Path) -> None:
     with pytest.raises(NSDError, match="file is not a folder"):
         Journal(blocker / "out", SETTINGS, defer_writes=True)
 
+
+@pytest.mark.parametrize("flags, message", [
+    (["--budget", "-1"], "--budget values must be finite numbers >= 0 (an unlimited budget is plain nsd), got -1"),
+    (["--budget", "nan"], "--budget values must be finite numbers >= 0"),
+    (["--budget", "inf"], "--budget values must be finite numbers >= 0"),
+    (["--budget-theta", "5"], "--budget-theta must be"),
+    (["--theta", "5"], "--theta must be"),
+])
+@pytest.mark.parametrize("methods", ["ar", "ar,sd,nsd", "nsd-budget"])
+def test_grid_values_are_checked_whatever_the_methods(flags, message, methods, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text(json.dumps({"id": 0, "prompt": PROMPTS[0].text}) + "\n")
+    monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: pytest.fail("loaded a model"))
+    argv = ["bench", "--dataset", str(data), "--no-chat", "--methods", methods, "--budget", "2",
+            "--out", str(tmp_path / "out"), "--no-progress", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -92,16 +92,24 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         raise NSDError("no methods given")
     if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):
         raise NSDError("speculative methods need a proposer (--proposers draft,ngram)")
+    # Every value given is checked, whether or not a selected method uses it: a typo in a
+    # flag is an error, not something the choice of --methods decides to hide.
     for theta in thetas:
-        optspec.check("theta", theta)
+        optspec.ALL["theta"].check(theta, label=optspec.ALL["theta"].flag)
+    for b in budgets:  # the option's own range text offers inf, which nsd-budget is not
+        try:
+            valid = math.isfinite(optspec.check("budget", b))
+        except NSDError:
+            valid = False
+        if not valid:
+            raise NSDError(f"--budget values must be finite numbers >= 0 (an unlimited budget is "
+                           f"plain nsd), got {b:g}")
+    if budget_theta is not None:
+        optspec.ALL["theta"].check(budget_theta, label="--budget-theta")
     if "nsd" in families and not thetas:
         raise NSDError("nsd needs at least one --theta")
-    if "nsd-budget" in families:
-        if not budgets:
-            raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
-        for b in budgets:
-            if not math.isfinite(optspec.check("budget", b)):
-                raise NSDError(f"nsd-budget budgets must be finite, got {b}")
+    if "nsd-budget" in families and not budgets:
+        raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
     # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
     theta_b = budget_theta if budget_theta is not None else max(thetas, default=optspec.default("theta"))
     for k in ks:
