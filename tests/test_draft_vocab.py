@@ -303,3 +303,15 @@ def test_draft_vocab_option_takes_a_number_zero_or_auto() -> None:
     with pytest.raises(NSDError, match="draft_vocab must be a whole number >= 0 or .auto."):
         BackendOptions(draft_vocab=-1)
     assert optspec.ALL["draft_vocab"].flag == "--draft-vocab"
+
+
+def test_too_large_a_draft_vocabulary_names_the_flag(tmp_path: Path) -> None:
+    from gguf_files import write_tiny_gguf
+    from nsd.errors import NSDError
+    from nsd.models.draft_vocab import ensure_reduced_draft
+
+    src = write_tiny_gguf(tmp_path / "draft.gguf")
+    with pytest.raises(NSDError, match=r"^--draft-vocab must be .*\[1, 15\].*got 100$"):
+        ensure_reduced_draft(src, 100, counts=np.arange(16))
+    with pytest.raises(NSDError, match=r"^--draft-vocab must be .*\[1, 16\].*got 17$"):
+        kept_ids(TYPES, 17)

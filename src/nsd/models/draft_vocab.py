@@ -63,6 +63,14 @@ class ReducedDraft:
     vocab_map: VocabMap
 
 
+def _size_error(keep: int, most: int) -> str:
+    """The message for a kept size out of range. It names the flag the size comes from:
+    the bound is the draft's own, known only once its file is read, so the option's check
+    cannot catch it before."""
+    return (f"--draft-vocab must be 0 (the full vocabulary), auto or a size in [1, {most}] "
+            f"for this draft, got {keep}")
+
+
 def kept_ids(token_types, keep: int, counts: np.ndarray | None = None) -> np.ndarray:
     """Ascending ids of the ``keep`` regular tokens ranked first by ``counts`` (most
     frequent first, ties by ascending id; ``None``: the first ``keep`` ids) plus every
@@ -71,7 +79,7 @@ def kept_ids(token_types, keep: int, counts: np.ndarray | None = None) -> np.nda
 
     types = np.asarray(token_types)
     if not 1 <= keep <= len(types):
-        raise NSDError(f"draft vocabulary size must be in [1, {len(types)}], got {keep}")
+        raise NSDError(_size_error(keep, len(types)))
     order = rank(np.zeros(len(types), np.int64) if counts is None else counts)
     regular = order[types[order] == _NORMAL][:keep]
     return np.union1d(regular, np.flatnonzero(types != _NORMAL))
@@ -193,7 +201,7 @@ def ensure_reduced_draft(gguf_path: Path, keep: int, head: str = DEFAULT_HEAD,
     if counts is None:
         counts = ensure_token_counts(gguf_path)
     if not 1 <= keep < len(counts):
-        raise NSDError(f"draft vocabulary size must be in [1, {len(counts) - 1}], got {keep}")
+        raise NSDError(_size_error(keep, len(counts) - 1))
     folder = reduced_dir(gguf_path, keep, head, counts)
 
     def build(tmp: Path) -> None:
