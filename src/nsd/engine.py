@@ -217,6 +217,20 @@ class Engine:
             return HybridProposer(draft, NgramProposer(self.ngram))
         return draft
 
+    def check_auto_k(self, k_max: int) -> None:
+        """Raise :class:`NSDError` where ``-k auto`` up to ``k_max`` cannot run on this
+        engine: a slot of :meth:`batched` has only the step costs measured before the
+        models were shared. A server calls this before queueing a request."""
+        if self._frozen_k_max is not None and k_max > self._frozen_k_max:
+            # Measuring now would run the shared models outside the batch.
+            if not self._frozen_k_max:
+                raise NSDError("-k auto is unavailable here: the step costs could not be "
+                               "measured before the models were shared; give a fixed k")
+            # k_max named first: the server names the field a message mentions first.
+            raise NSDError(f"k_max {k_max} is more than -k auto can use here: this server "
+                           f"measured its step costs up to k_max {self._frozen_k_max}; ask for "
+                           "at most that")
+
     def k_policy(self, config: DecodeConfig) -> CostModelK | None:
         """The cost-model policy for ``-k auto`` (None for fixed or adaptive k, and AR).
 
@@ -229,13 +243,7 @@ class Engine:
         """
         if not (config.speculative and config.auto_k):
             return None
-        if self._frozen_k_max is not None and config.k_max > self._frozen_k_max:
-            # Measuring now would run the shared models outside the batch.
-            if not self._frozen_k_max:
-                raise NSDError("-k auto is unavailable here: the step costs could not be "
-                               "measured before the models were shared; give a fixed k")
-            raise NSDError(f"-k auto with k_max {config.k_max}: this server measured its step "
-                           f"costs up to k_max {self._frozen_k_max}; ask for at most that")
+        self.check_auto_k(config.k_max)
         target_costs = self.target_model.step_costs(config.k_max + 1)
         draft_cost = 0.0
         drafts = self.proposer_kind in NEEDS_DRAFT

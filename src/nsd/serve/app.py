@@ -159,7 +159,8 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
                            f"{config.model_name!r})", param="model", code="model_not_found")
         # Validate every knob before tokenising; the token budget is fixed afterwards.
         gen_config = generation_config(req, config.defaults,
-                                       req.requested_tokens or config.defaults.max_new_tokens)
+                                       req.requested_tokens or config.defaults.max_new_tokens,
+                                       check=worker.check)
         engine = model.engine
         vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
         if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):

@@ -15,7 +15,7 @@ import math
 import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
                       field_validator)
@@ -377,8 +377,10 @@ def _param_name(loc: tuple[Any, ...]) -> str | None:
 
 
 def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
-                      max_new_tokens: int) -> GenerationConfig:
-    """The request's settings over the server's defaults, validated by the library itself."""
+                      max_new_tokens: int,
+                      check: Callable[[GenerationConfig], None] | None = None) -> GenerationConfig:
+    """The request's settings over the server's defaults, validated by the library itself
+    and then by ``check`` (what the engine can run); each failure is a 400 naming the field."""
     overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty"):
@@ -394,6 +396,8 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
         overrides.update(request.nsd.model_dump(exclude_none=True))
     try:
         config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
+        if check is not None:
+            check(config)
     except (NSDError, TypeError, ValueError) as exc:
         message = str(exc)
         # Name the field the library's message mentions first ("k_max (3) must be >= k (6)").

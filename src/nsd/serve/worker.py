@@ -117,6 +117,14 @@ class DecodeWorker:
         for thread in self._threads:
             thread.start()
 
+    def check(self, config: GenerationConfig) -> None:
+        """Raise the :class:`NSDError` a generation with ``config`` would meet at its start,
+        where the slots can tell before it is queued (``-k auto`` past the ``k_max`` they
+        measured), so that the client gets a 400 naming the field, not an error mid-stream."""
+        slot = self._slots[0] if self._slots else None
+        if config.method != "ar" and config.auto_k and hasattr(slot, "check_auto_k"):
+            slot.check_auto_k(config.k_max)
+
     @property
     def depth(self) -> int:
         """Requests waiting (not counting those being decoded)."""
