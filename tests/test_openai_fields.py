@@ -138,6 +138,37 @@ def test_logprobs_are_those_of_the_target_distribution_used(temperature, specula
         assert [lp for _, lp in entry.top] == pytest.approx(expected[order].tolist(), abs=1e-5)
 
 
+@pytest.mark.parametrize("filters", [dict(top_p=0.3), dict(top_k=1), dict(min_p=0.5)])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_top_logprobs_past_the_kept_tokens_are_the_target_s_runners_up(filters, speculative) -> None:
+    # Asked for more alternatives than the filters keep, the rest are the tokens they
+    # removed, ranked by the adjusted logits before the filters, each at -inf: real
+    # runners-up, never arbitrary zero-probability ids (in a real vocabulary, special tokens).
+    sampling = SamplingConfig(temperature=0.7, **filters, **PENALTIES)
+    target, draft = MockLM(vocab_size=12, seed=52), MockLM(vocab_size=12, seed=53)
+    config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="nucleus", theta=0.8),
+                          sampling=sampling, k=3, max_new_tokens=15, seed=6, logprobs=6)
+    sink: list = []
+    tokens, _ = run_to_end(decode(target, [1, 2], config,
+                                  DraftModelProposer(draft, sampling) if speculative else None,
+                                  logprob_sink=sink))
+    filled = 0
+    for i, entry in enumerate(sink):
+        logits = target.logits_after([1, 2] + tokens[:i])
+        p = logits_to_probs(logits, sampling, tokens[:i])
+        adjusted = adjust_logits(logits, sampling, tokens[:i])
+        kept = sorted(range(12), key=lambda t: -float(p[t]))[:int((p > 0).sum())]
+        removed = sorted((t for t in range(12) if p[t] == 0), key=lambda t: -float(adjusted[t]))
+        ids = [t for t, _ in entry.top]
+        assert len(ids) == len(set(ids)) == 6
+        n_kept = min(len(kept), 6)
+        assert set(ids[:n_kept]) == set(kept[:n_kept])  # the kept ones first, as before
+        assert ids[n_kept:] == removed[:6 - n_kept]
+        assert all(math.isinf(v) and v < 0 for _, v in entry.top[n_kept:])
+        filled += 6 - n_kept
+    assert filled > 0  # the filters bind on this run
+
+
 # ----------------------------------------------------------------------------- the server
 
 DEFAULTS = GenerationConfig(method="nsd", max_new_tokens=10, k=3)
@@ -298,3 +329,47 @@ def test_logprobs_fields_are_checked(server) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     r = _post(client, False, logprobs=21)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_top_logprobs_past_the_filters_are_the_next_real_tokens(server, chat: bool) -> None:
+    # More alternatives asked for than top-k / top-p keep: the rest are the tokens the
+    # target ranks next (top-k and top-p keep a prefix of the logits' order, so the whole
+    # list is the logits' order), at -9999, each token once.
+    client, engine = server
+    body = dict(logprobs=True, top_logprobs=4) if chat else dict(logprobs=4)
+    sampling = dict(temperature=0.7, top_p=0.5, seed=3) if chat else dict(temperature=0.7, top_k=1)
+    r = _post(client, chat, max_tokens=3, **body, **sampling).json()
+    lm = MockLM(vocab_size=16, seed=2)  # the mock engine's target
+    prompt = engine.encode([{"role": "user", "content": "abcab"}] if chat else "abcab")
+    filters = SamplingConfig(**{k: v for k, v in sampling.items() if k != "seed"})
+    choice = r["choices"][0]
+    tokens = [ord(c) - 97 for c in (choice["message"]["content"] if chat else choice["text"])]
+    filled = 0
+    for i in range(len(tokens)):
+        logits = lm.logits_after(prompt + tokens[:i])
+        p = logits_to_probs(logits, filters)
+        order = torch.argsort(logits, descending=True)[:4].tolist()
+        expected = [(chr(97 + t), math.log(p[t]) if p[t] > 0 else -9999.0) for t in order]
+        if chat:
+            entry = r["choices"][0]["logprobs"]["content"][i]
+            got = [(t["token"], t["logprob"]) for t in entry["top_logprobs"]]
+        else:
+            got = list(r["choices"][0]["logprobs"]["top_logprobs"][i].items())
+        assert [t for t, _ in got] == [t for t, _ in expected]
+        assert [v for _, v in got] == pytest.approx([v for _, v in expected], abs=1e-5)
+        filled += sum(v == -9999.0 for _, v in got)
+    assert filled > 0  # the filters bind on this prompt
+
+
+def test_completions_top_logprobs_keep_the_likelier_of_tokens_with_one_text() -> None:
+    # The legacy form maps text to logprob, so two tokens of one text cannot both appear:
+    # the likelier is kept (chat's list holds both).
+    from nsd.generation import TokenInfo
+    from nsd.serve.protocol import ResponseBuilder
+
+    info = TokenInfo(3, "a", 0, -0.5, ((3, "a", -0.5), (7, "", -1.0), (9, "", -2.0), (4, "b", -3.0)))
+    legacy = ResponseBuilder("m", chat=False, config=GenerationConfig()).logprobs([info])
+    assert legacy["top_logprobs"] == [{"a": -0.5, "": -1.0, "b": -3.0}]
+    chat = ResponseBuilder("m", chat=True, config=GenerationConfig()).logprobs([info])
+    assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == ["a", "", "", "b"]

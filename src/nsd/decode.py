@@ -153,6 +153,10 @@ class TokenLogprob:
     temperature, top-k, top-p and min-p; tokens they remove have ``-inf``). At temperature
     0, where ``p`` is one-hot, it is the plausibility distribution p̂ instead: the softmax
     at temperature 1 of the adjusted logits, whose argmax is the emitted token.
+
+    Where ``p`` keeps fewer than ``top`` tokens, the remaining entries are the tokens the
+    filters removed that the target found likeliest (by its adjusted logits, before top-k,
+    top-p and min-p), each with ``-inf``: real runners-up, not arbitrary zero-probability ids.
     """
 
     token: int
@@ -172,12 +176,35 @@ def _logprobs(logits: torch.Tensor, probs: torch.Tensor | None, tokens: Sequence
             probs = logits_to_probs(rows, sampling, history, drafts)
         logp = torch.log(probs[:len(tokens)].double()).float()
     logp = logp.cpu()
+    top_n = min(top_n, logp.shape[-1])
+    top_values, top_ids = torch.topk(logp, top_n, dim=-1) if top_n else (None, None)
+    if top_values is not None and not torch.isfinite(top_values).all():
+        _fill_removed(top_values, top_ids, logp, rows, sampling, history, drafts)
     out = []
-    top_values, top_ids = torch.topk(logp, min(top_n, logp.shape[-1]), dim=-1) if top_n else (None, None)
     for i, tok in enumerate(tokens):
         top = () if top_ids is None else tuple(zip(top_ids[i].tolist(), top_values[i].tolist()))
         out.append(TokenLogprob(int(tok), float(logp[i, tok]), top))
     return out
+
+
+def _fill_removed(top_values: torch.Tensor, top_ids: torch.Tensor, logp: torch.Tensor,
+                  rows: torch.Tensor, sampling: SamplingConfig, history: Sequence[int],
+                  drafts: Sequence[int]) -> None:
+    """Replace, in place, the ``-inf`` entries of each row's top list (more entries asked
+    for than the filters kept tokens) by the removed tokens the target ranks highest.
+
+    Among tokens of probability 0, ``topk`` picks arbitrary ids (often special tokens); the
+    adjusted logits, before temperature and the filters, rank them as the target does
+    (temperature divides every logit alike, so it changes no order).
+    """
+    adjusted = adjust_logits(rows, sampling, history, drafts).float().cpu()
+    removed = adjusted.masked_fill(torch.isfinite(logp), float("-inf"))
+    top_n = top_values.shape[-1]
+    _, fill_ids = torch.topk(removed, top_n, dim=-1)
+    for i in range(top_values.shape[0]):
+        kept = int(torch.isfinite(top_values[i]).sum())  # finite entries come first
+        top_ids[i, kept:] = fill_ids[i, :top_n - kept]
+        top_values[i, kept:] = float("-inf")
 
 
 def method_name(config: DecodeConfig) -> str:
