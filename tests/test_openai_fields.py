@@ -373,3 +373,41 @@ def test_completions_top_logprobs_keep_the_likelier_of_tokens_with_one_text() ->
     assert legacy["top_logprobs"] == [{"a": -0.5, "": -1.0, "b": -3.0}]
     chat = ResponseBuilder("m", chat=True, config=GenerationConfig()).logprobs([info])
     assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == ["a", "", "", "b"]
+
+
+# JSON null in an optional field means "not set": the server's setting applies, exactly as
+# if the field were left out (OpenAI's reading), in the nsd object too.
+NULLABLE = ["temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+            "frequency_penalty", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+            "stop", "n", "user", "logit_bias", "logprobs", "tools", "functions", "tool_choice",
+            "parallel_tool_calls", "response_format", "echo", "suffix", "best_of", "nsd"]
+NSD_FIELDS = ["method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta",
+              "k", "k_max", "adaptive_k"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("body", [{f: None} for f in NULLABLE]
+                         + [{"nsd": {f: None}} for f in NSD_FIELDS]
+                         + [{"stream": True, "stream_options": {"include_usage": None}},
+                            {"top_logprobs": None}, {"logprobs": True, "top_logprobs": None}])
+def test_null_means_not_set(server, chat: bool, body: dict) -> None:
+    client, _ = server
+    if not chat and "top_logprobs" in body:
+        pytest.skip("top_logprobs is a chat field")
+    given = {"temperature": 0.8, "seed": 7, **body}  # sampling, so seed and filters matter
+    left_out = {k: v for k, v in given.items() if v is not None}
+    if isinstance(given.get("nsd"), dict):
+        left_out["nsd"] = {}
+    r, expected = _post(client, chat, **given), _post(client, chat, **left_out)
+    assert r.status_code == 200, r.text
+    assert _answer(r, chat) == _answer(expected, chat)
+
+
+def _answer(r, chat: bool) -> str:
+    """The text of a whole or streamed response."""
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        choice = r.json()["choices"][0]
+        return choice["message"]["content"] if chat else choice["text"]
+    events = [e for e in sse_events(r.text) if e != "[DONE]" and e["choices"]]
+    return "".join((e["choices"][0]["delta"].get("content", "") if chat else e["choices"][0]["text"])
+                   for e in events)

@@ -4,7 +4,9 @@ Requests are validated strictly (a string where a number belongs is an error, no
 conversion) so that every mistake becomes a 400 naming the field instead of a surprise.
 No field is ignored: each OpenAI field is either honoured or refused with a 400 that names
 it (:data:`REFUSED` says why for those nsd does not implement), and a field OpenAI does not
-define is refused as unknown; the ``nsd`` object is ours.
+define is refused as unknown; the ``nsd`` object is ours. JSON ``null`` in an
+optional field means "not set" (the server's setting applies), as in OpenAI's API, in
+the ``nsd`` object too.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def _nsd_field(name: str) -> tuple[Any, Any]:
 
 
 def _check_option(cls: type, value: Any, info: ValidationInfo) -> Any:
+    if value is None:  # JSON null: not set, so the server's setting applies
+        return None
     try:
         return optspec.check(info.field_name, value)
     except NSDError as err:  # "theta must be ..." -> "must be ...": the field is named anyway
@@ -115,7 +119,7 @@ NsdOptions = create_model(
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class _GenerationRequest(BaseModel):
@@ -138,7 +142,7 @@ class _GenerationRequest(BaseModel):
     parallel_tool_calls: bool | None = None  # meaningless without tools, which are refused
     tools: Any = None
     functions: Any = None  # tools' deprecated predecessor
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     nsd: NsdOptions | None = None  # type: ignore[valid-type]
 
