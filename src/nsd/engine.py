@@ -168,18 +168,18 @@ class Engine:
 
         ``prompt`` may also be a conversation: a list of ``{"role", "content"}`` messages
         with roles ``system``, ``user`` and ``assistant``, always wrapped in the template.
+        A prompt is empty when it encodes to no token: a conversation of empty messages
+        still has its template's tokens, and is not.
         """
         if not isinstance(prompt, str):
-            return self._encode_messages(list(prompt))
-        if not prompt or not prompt.strip():
-            raise NSDError("the prompt is empty")
+            return _nonempty(self._encode_messages(list(prompt)))
         if system is not None and not chat:  # it would be dropped without a word
             raise NSDError("a system message goes into the chat template: give chat=True (--chat)")
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
-            return self._encode_messages(messages)
-        return self.tokenizer.encode(prompt)
+            return _nonempty(self._encode_messages(messages))
+        return _nonempty(self.tokenizer.encode(prompt))
 
     def _encode_messages(self, messages: list[Mapping[str, str]]) -> list[int]:
         for i, message in enumerate(messages):
@@ -188,8 +188,6 @@ class Engine:
                                f"{', '.join(CHAT_ROLES)}")
             if not isinstance(message.get("content"), str):
                 raise NSDError(f"message {i} has no text content")
-        if not any(m["content"].strip() for m in messages):
-            raise NSDError("the prompt is empty")
         if not getattr(self.tokenizer, "chat_template", None):
             raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
         clean = [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -454,6 +452,14 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
+
+
+def _nonempty(ids: list[int]) -> list[int]:
+    # Decided on the tokens, not the text: whitespace is tokens, and a chat template's
+    # markup is too, around empty messages.
+    if not ids:
+        raise NSDError("the prompt is empty")
+    return ids
 
 
 def _chunk(text: str, infos: list[TokenInfo]) -> TextChunk:
