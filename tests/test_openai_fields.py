@@ -19,7 +19,7 @@ from nsd.proposers.draft_model import DraftModelProposer
 from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs
 from nsd.serve import ServerConfig
 from nsd.verify import RuleConfig
-from serve_support import mock_engine, running_server, sse_events
+from serve_support import MockTokenizer, mock_engine, running_server, sse_events
 
 PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.6, logit_bias=((0, 1.5), (3, -2.0)))
 
@@ -411,3 +411,43 @@ def _answer(r, chat: bool) -> str:
     events = [e for e in sse_events(r.text) if e != "[DONE]" and e["choices"]]
     return "".join((e["choices"][0]["delta"].get("content", "") if chat else e["choices"][0]["text"])
                    for e in events)
+
+
+class NamedTokenizer(MockTokenizer):
+    """A chat template that shows a user's name (as many do), but no assistant's."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
+        return "".join(f"<{m['role']}{':' + m['name'] if 'name' in m and m['role'] == 'user' else ''}>"
+                       f"{m['content']}" for m in messages) + "<assistant>"
+
+
+def test_a_message_name_is_given_to_the_template_or_refused() -> None:
+    engine = mock_engine(n_ctx=256)
+    engine.tokenizer = NamedTokenizer()
+    with running_server(engine, ServerConfig(model_name="mock", defaults=DEFAULTS)) as (url, _):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            named = [{"role": "user", "content": "abcab", "name": "bob"}]
+            r = _post(client, True, messages=named)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == len(engine.encode(named)) \
+                == len(engine.encode([{"role": "user", "content": "abcab"}])) + 4  # ":bob"
+            assert r.json()["choices"][0]["message"]["content"] == \
+                engine.generate(engine.encode(named), DEFAULTS).text
+            # This template drops an assistant's name: refused, not silently lost.
+            turns = [*named, {"role": "assistant", "content": "ok", "name": "helper"},
+                     {"role": "user", "content": "more", "name": None}]  # null: no name
+            r = _post(client, True, messages=turns)
+            assert r.status_code == 400
+            error = r.json()["error"]
+            assert error["param"] == "messages[1].name" and "does not show" in error["message"]
+            assert _post(client, True, messages=[*named, {"role": "assistant", "content": "ok"},
+                                                 turns[2]]).status_code == 200
+
+
+def test_an_assistant_turn_sent_back_with_its_null_fields_is_accepted(server) -> None:
+    client, _ = server
+    turn = {"role": "assistant", "content": "ok", "refusal": None, "audio": None,
+            "tool_calls": None, "function_call": None, "name": None}
+    r = _post(client, True, messages=[{"role": "user", "content": "abcab"}, turn,
+                                      {"role": "user", "content": "ab"}])
+    assert r.status_code == 200, r.text

@@ -179,6 +179,22 @@ BAD = [
      400, "messages[0].role", None),
     ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": 5}]},
      400, "messages[0].content", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x", "foo": 1}]},
+     400, "messages[0].foo", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x"},
+                                                            {"role": "user", "content": "y", "nme": "b"}]},
+     400, "messages[1].nme", None),
+    # The mock's chat template shows no names: a name would be dropped unseen.
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x", "name": "bob"}]},
+     400, "messages[0].name", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x", "name": 5}]},
+     400, "messages[0].name", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "assistant", "content": "x",
+                                                             "refusal": "no"}]},
+     400, "messages[0].refusal", None),
+    ("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "x"}],
+                              "stream": True, "stream_options": {"include_usage": True, "foo": 1}},
+     400, "stream_options.foo", None),
     ("/v1/chat/completions", {"model": "mock", "messages": "hi"}, 400, "messages", None),
     ("/v1/completions", {"model": "gpt-4", "prompt": "ab"}, 404, "model", "model_not_found"),
     ("/v1/completions", {"model": 7, "prompt": "ab"}, 400, "model", None),
@@ -350,6 +366,11 @@ def test_engine_encodes_a_conversation() -> None:
     assert engine.encode(" ") == [ord(" ") % 16]
     with pytest.raises(NSDError, match="empty"):
         engine.encode("")
+    # A name goes to the template (which may show it or not).
+    seen = []
+    engine.tokenizer.apply_chat_template = lambda messages, **_: seen.append(messages) or "x"
+    engine.encode([{"role": "user", "content": "u", "name": "bob"}, {"role": "user", "content": "v"}])
+    assert seen == [[{"role": "user", "content": "u", "name": "bob"}, {"role": "user", "content": "v"}]]
 
 
 def test_models_report_the_nsd_defaults_under_the_option_names() -> None:

@@ -167,7 +167,8 @@ class Engine:
         """Token ids of ``prompt``; with ``chat``, wrapped in the model's chat template.
 
         ``prompt`` may also be a conversation: a list of ``{"role", "content"}`` messages
-        with roles ``system``, ``user`` and ``assistant``, always wrapped in the template.
+        with roles ``system``, ``user`` and ``assistant``, always wrapped in the template; a
+        message's ``name``, if given, is passed to the template too (which may ignore it).
         A prompt is empty when it encodes to no token: a conversation of empty messages
         still has its template's tokens, and is not.
         """
@@ -188,9 +189,12 @@ class Engine:
                                f"{', '.join(CHAT_ROLES)}")
             if not isinstance(message.get("content"), str):
                 raise NSDError(f"message {i} has no text content")
+            if message.get("name") is not None and not isinstance(message["name"], str):
+                raise NSDError(f"message {i} has a name that is not a string")
         if not getattr(self.tokenizer, "chat_template", None):
             raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
-        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+        clean = [{k: m[k] for k in ("role", "content", "name") if m.get(k) is not None}
+                 for m in messages]
         text = self.tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

@@ -351,21 +351,37 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def _encode(engine: Any, req: CompletionRequest | ChatRequest) -> list[int]:
-    if isinstance(req, ChatRequest):
-        prompt: Any = [m.as_dict() for m in req.messages]
-    else:
-        prompt = req.prompt
-        if isinstance(prompt, list):  # token ids, checked against the vocabulary
-            vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
-            if vocab is not None and not all(0 <= t < vocab for t in prompt):
-                raise ApiError(400, f"prompt: token ids must lie in [0, {vocab})", param="prompt",
-                               code="invalid_value")
-            return list(prompt)
+    if isinstance(req, CompletionRequest) and isinstance(req.prompt, list):
+        # Token ids, checked against the vocabulary.
+        vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
+        if vocab is not None and not all(0 <= t < vocab for t in req.prompt):
+            raise ApiError(400, f"prompt: token ids must lie in [0, {vocab})", param="prompt",
+                           code="invalid_value")
+        return list(req.prompt)
     try:
-        return await asyncio.to_thread(engine.encode, prompt)
+        if isinstance(req, ChatRequest):
+            return await asyncio.to_thread(_encode_chat, engine, req)
+        return await asyncio.to_thread(engine.encode, req.prompt)
     except NSDError as exc:
         raise ApiError(400, f"{req.prompt_param}: {exc}", param=req.prompt_param,
                        code="invalid_value") from None
+
+
+def _encode_chat(engine: Any, req: ChatRequest) -> list[int]:
+    """The conversation's token ids. A message's ``name`` goes to the chat template; one
+    the template does not show (many ignore names) is refused, since it would otherwise be
+    dropped unseen: the conversation is rendered again without it, and if the tokens are
+    the same, the template ignored it."""
+    ids = engine.encode([m.as_dict() for m in req.messages])
+    for i, message in enumerate(req.messages):
+        if message.name is None:
+            continue
+        without = [m.as_dict(name=j != i) for j, m in enumerate(req.messages)]
+        if engine.encode(without) == ids:
+            raise ApiError(400, f"messages[{i}].name: this model's chat template does not show "
+                           "a message's name, so it would be ignored; leave name out (or write "
+                           "it into the content)", param=f"messages[{i}].name", code="invalid_value")
+    return ids
 
 
 def _max_new_tokens(req: CompletionRequest | ChatRequest, prompt_len: int, limit: int | None,

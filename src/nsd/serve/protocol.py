@@ -4,9 +4,9 @@ Requests are validated strictly (a string where a number belongs is an error, no
 conversion) so that every mistake becomes a 400 naming the field instead of a surprise.
 No field is ignored: each OpenAI field is either honoured or refused with a 400 that names
 it (:data:`REFUSED` says why for those nsd does not implement), and a field OpenAI does not
-define is refused as unknown; the ``nsd`` object is ours. JSON ``null`` in an
-optional field means "not set" (the server's setting applies), as in OpenAI's API, in
-the ``nsd`` object too.
+define is refused as unknown, at the top level, in a message and in ``stream_options``;
+the ``nsd`` object is ours. JSON ``null`` in an optional field means "not set" (the
+server's setting applies), as in OpenAI's API, in the ``nsd`` object too.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ NsdOptions = create_model(
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
 
 
@@ -259,13 +259,21 @@ TOOL_ROLES = ("tool", "function")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # OpenAI's newer "developer" role plays the system role.
     role: Literal["system", "developer", "user", "assistant"]
     content: Any = Field(None, validate_default=True)  # may be left out by an assistant turn
+    # The participant's name: given to the chat template, and refused (by the app, which
+    # can render it) where the template does not show it.
+    name: str | None = None
     tool_calls: Any = None
     function_call: Any = None  # tool_calls' deprecated predecessor
+    # OpenAI's other assistant-message fields (a client may send a response's message back
+    # as the next turn with them null): null asks for nothing; a refusal or an audio turn
+    # is one nsd cannot render, so it is refused.
+    refusal: Any = None
+    audio: Any = None
 
     @field_validator("role", mode="before")
     @classmethod
@@ -298,8 +306,20 @@ class ChatMessage(BaseModel):
             raise ValueError(f"tool calls are not supported ({TOOLS_UNSUPPORTED})")
         return None
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+    @field_validator("refusal", "audio")
+    @classmethod
+    def _check_output_fields(cls, value: Any, info: ValidationInfo) -> None:
+        if value:
+            raise ValueError(f"an assistant's {info.field_name} cannot be rendered as a turn "
+                             "of the conversation (give it as content, or leave it out)")
+        return None
+
+    def as_dict(self, name: bool = True) -> dict[str, str]:
+        """The message as the chat template takes it (with its ``name`` unless told not to)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        if name and self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ChatRequest(_GenerationRequest):
@@ -337,8 +357,8 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "this field is required"
-        elif err["type"] == "extra_forbidden" and err["loc"][0] == "nsd":
-            msg = f"unknown field; nsd takes {', '.join(NsdOptions.model_fields)}"
+        elif err["type"] == "extra_forbidden" and err["loc"][0] in _NESTED_FIELDS:
+            msg = f"unknown field; {_NESTED_FIELDS[err['loc'][0]]}"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field: not an OpenAI request field nsd implements (nsd's own " \
                   "settings go in the \"nsd\" object)"
@@ -351,6 +371,14 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         raise ApiError(400, "top_logprobs: needs \"logprobs\": true", param="top_logprobs",
                        code="invalid_value")
     return request
+
+
+# The objects inside a request, and the fields each takes (for an unknown field's message).
+_NESTED_FIELDS = {
+    "nsd": f"nsd takes {', '.join(NsdOptions.model_fields)}",
+    "messages": f"a message takes {', '.join(ChatMessage.model_fields)}",
+    "stream_options": f"stream_options takes {', '.join(StreamOptions.model_fields)}",
+}
 
 
 def _refuse_surrogates(body: Any) -> None:
