@@ -67,9 +67,12 @@ def test_compare_warms_up_unless_told_not_to(monkeypatch, capsys) -> None:
 
 
 def test_argparse_typos_exit_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "nsd.cli", "generate", "--theta", "abc"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    for argv in (["generate", "--theta", "abc"], ["bench", "--methods", "ar", "--no-such-flag"],
+                 ["models", "fetch", "--nope"]):
+        proc = subprocess.run([sys.executable, "-m", "nsd.cli", *argv], capture_output=True, text=True)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        # One line: what is wrong and where the help is, not the whole usage block first.
+        assert proc.stderr.count("\n") == 1 and "error:" in proc.stderr and "--help" in proc.stderr, proc.stderr
 
 
 def test_models_list_runs(capsys) -> None:

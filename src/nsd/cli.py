@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from nsd import options as optspec
 from nsd.cli_args import (add_decoding_args, add_model_args, add_options, backend_options,
@@ -149,8 +149,16 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the usage block it prints first buries the line that
+    says what is wrong (subcommands' parsers are made of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nsd", description="Nucleus Speculative Decoding")
+    parser = _Parser(prog="nsd", description="Nucleus Speculative Decoding")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text with AR, SD, NSD or typical acceptance")
