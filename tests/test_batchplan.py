@@ -9,9 +9,9 @@ import pytest
 
 from mock import CharTokenizer, MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.batchplan import BatchCosts, JointPlanner, Member, plan_batch
+from nsd.batchplan import BatchCosts, JointPlanner, plan_batch
 from nsd.calibrate import Calibration
-from nsd.costmodel import StepCosts, best_k, expected_tokens
+from nsd.costmodel import Member, StepCosts, best_k, expected_tokens
 from nsd.errors import NSDError
 
 

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
-from nsd.costmodel import expected_tokens
+from nsd.costmodel import Member, expected_tokens
 from nsd.errors import NSDError
 
 
@@ -91,18 +91,6 @@ class BatchCosts:
         value = ((1 - u) * ((1 - v) * g[i0][j0] + v * g[i0][j1])
                  + u * ((1 - v) * g[i1][j0] + v * g[i1][j1]))
         return max(value, 0.1 * g[0][0])  # far extrapolation must not price a forward at 0
-
-
-@dataclass(frozen=True)
-class Member:
-    """What the plan needs of one member: its acceptance estimate per draft position, the
-    most drafts it can take now (``k_max``, and its remaining tokens), and what its draft's
-    catching up costs per expected token (a new request's draft has not read the prompt;
-    spread over the tokens still to generate, as :class:`nsd.costmodel.CostModelK` does)."""
-
-    alpha: tuple[float, ...]
-    cap: int
-    surcharge: float = 0.0
 
 
 @dataclass(frozen=True)

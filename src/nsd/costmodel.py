@@ -30,12 +30,32 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Callable, Hashable, Protocol, Sequence
 
 from nsd.errors import NSDError
 
-if TYPE_CHECKING:  # batchplan builds on this module
-    from nsd.batchplan import JointPlanner, Member
+
+@dataclass(frozen=True)
+class Member:
+    """What a batch's plan needs of one member: its acceptance estimate per draft position,
+    the most drafts it can take now (``k_max``, and its remaining tokens), and what its
+    draft's catching up costs per expected token (a new request's draft has not read the
+    prompt; spread over the tokens still to generate, as :class:`CostModelK` does)."""
+
+    alpha: tuple[float, ...]
+    cap: int
+    surcharge: float = 0.0
+
+
+class BatchPlan(Protocol):
+    """The draft lengths chosen for a server's whole batch, as :class:`CostModelK` uses
+    them (:class:`nsd.batchplan.JointPlanner`, which builds on this module)."""
+
+    def join(self, key: Hashable, member: Member) -> None: ...
+
+    def assign(self, key: Hashable, member: Member) -> int | None: ...
+
+    def leave(self, key: Hashable) -> None: ...
 
 
 class KPolicy(Protocol):
@@ -289,7 +309,7 @@ class CostModelK:
     reprice: Callable[[], StepCosts] | None = None
     # In a server's batch: the draft lengths the batch chose together, where it chose to
     # draft (a :class:`nsd.batchplan.JointPlanner`; None: each request decides alone).
-    joint: JointPlanner | None = None
+    joint: BatchPlan | None = None
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -407,8 +427,6 @@ class CostModelK:
     def _member(self, cap: int, behind: int, remaining: int) -> Member:
         # The catch-up is priced at the draft's own step cost: in a batch ``costs`` hold
         # what a step adds to the shared forward, but a prompt's catch-up is mostly its own.
-        from nsd.batchplan import Member  # batchplan builds on this module
-
         surcharge = behind * self.catchup * self._draft_step / max(remaining, 1)
         return Member(tuple(self.tracker.rates()), cap, surcharge)
 
