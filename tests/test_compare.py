@@ -79,6 +79,8 @@ def test_compare_warms_every_method_up_untimed() -> None:
     assert [c.method for c in warm] == ["ar", "sd", "nsd"]
     assert all(c.max_new_tokens == WARMUP_TOKENS for c in warm)
     assert [c.max_new_tokens for c in timed] == [20] * 6
+    # Which method goes first rotates by prompt, as in nsd bench.
+    assert [c.method for c in timed] == ["ar", "sd", "nsd", "sd", "nsd", "ar"]
     # The warm-up's tokens are in no row: AR's 2 prompts x 20 tokens.
     rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in text.splitlines()
             if line.startswith("| ") and "method" not in line}

@@ -1,7 +1,7 @@
 """``nsd compare``: AR, SD and NSD on the same models and prompts, in one run.
 
-Methods are interleaved prompt by prompt so drift in machine load hits all of them alike,
-after one short untimed call per method (as ``nsd bench`` does), so the one-off costs of a
+Methods are interleaved prompt by prompt, which one goes first rotating as in ``nsd bench``,
+so drift in machine load hits all of them alike, after one short untimed call per method (as ``nsd bench`` does), so the one-off costs of a
 process's first calls are billed to no method.
 The figures use the same definitions as ``nsd bench`` (:mod:`nsd.aggregate`):
 speedups are medians of the per-prompt tokens/s ratios measured in this same run.
@@ -15,6 +15,7 @@ from typing import Sequence
 
 from nsd.aggregate import deviation_per_token, median, speedup, tau
 from nsd.bench.runner import WARMUP_TOKENS
+from nsd.bench.schedule import method_order
 from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
@@ -55,7 +56,7 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
     runs: dict[str, list] = {c.method: [] for c in configs}
     for i, prompt in enumerate(prompts):
         ids = engine.encode(prompt, chat=chat)
-        for cfg in configs:
+        for cfg in method_order(configs, i):
             stats = engine.generate(ids, cfg).stats
             runs[cfg.method].append(stats)
             print(f"[{i + 1}/{len(prompts)}] {cfg.method:8s} {stats.tokens_per_s:6.1f} tok/s "
