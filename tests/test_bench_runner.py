@@ -295,8 +295,9 @@ def test_k_variants_are_labelled_and_paired_with_their_sd(tmp_path: Path) -> Non
     assert by["nsd@0.9/draft/k=2"].sd_baseline == "sd/draft/k=2"
     assert by["nsd@0.9/draft/k=2"].generation_config(GenerationConfig()).k == 2
     assert by["sd/draft/k=auto"].generation_config(GenerationConfig(k=3)).k == "auto"
-    with pytest.raises(NSDError, match="draft lengths"):
-        expand_methods(["sd"], [0.9], [], ["draft"], ks=[0])
+    for bad in (0, 65):  # -k's own range, named by the flag, before any model loads
+        with pytest.raises(NSDError, match=r"--ks must be a whole number in \[1, 64\]"):
+            expand_methods(["sd"], [0.9], [], ["draft"], ks=[bad])
     # -k auto in the loop: the report carries the chosen k's and the cost breakdown.
     config = RunConfig(methods=specs, generation=GenerationConfig(max_new_tokens=8, k_max=3), warmup=False)
     records = BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:2])

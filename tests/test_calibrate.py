@@ -107,6 +107,13 @@ def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path
     again = calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
     assert again == first and clock.calls == calls  # from the cache: nothing ran
     assert len(list((tmp_path / "calibration").glob("compare-*.json"))) == 1
+    # Measured again on request while busy: serves that call, keeps the idle entry.
+    busy["flag"] = True
+    refreshed = calibrate.compare_step_costs(pair, quiet=True, refresh=True)
+    assert clock.calls > calls and refreshed != first
+    busy["flag"] = False
+    assert calibrate.compare_step_costs(pair, quiet=True) == first
+    calls = clock.calls
     files["q4_0"].write_bytes(b"xy")  # a changed file is measured again
     calibrate.compare_step_costs({"original": (a, files["original"]), "q4_0": (b, files["q4_0"])}, quiet=True)
     assert clock.calls > calls

@@ -67,12 +67,18 @@ def test_compare_warms_up_unless_told_not_to(monkeypatch, capsys) -> None:
 
 
 def test_argparse_typos_exit_2() -> None:
-    for argv in (["generate", "--theta", "abc"], ["bench", "--methods", "ar", "--no-such-flag"],
-                 ["models", "fetch", "--nope"]):
+    for argv, command in ((["generate", "--theta", "abc"], "nsd generate"),
+                          (["bench", "--methods", "ar", "--no-such-flag"], "nsd bench"),
+                          (["models", "fetch", "x", "--nope"], "nsd models fetch"),
+                          (["genrate"], "nsd")):
         proc = subprocess.run([sys.executable, "-m", "nsd.cli", *argv], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        # One line: what is wrong and where the help is, not the whole usage block first.
-        assert proc.stderr.count("\n") == 1 and "error:" in proc.stderr and "--help" in proc.stderr, proc.stderr
+        # One line: what is wrong and the help of the command it was given to, not the
+        # whole usage block first.
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"{command}: error:") \
+            and f"(see {command} --help)" in proc.stderr, proc.stderr
+    bare = subprocess.run([sys.executable, "-m", "nsd.cli"], capture_output=True, text=True)
+    assert bare.returncode == 2 and "generate" in bare.stderr and "serve" in bare.stderr
 
 
 def test_models_list_runs(capsys) -> None:

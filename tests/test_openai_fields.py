@@ -396,8 +396,9 @@ def test_null_means_not_set(server, chat: bool, body: dict) -> None:
         pytest.skip("top_logprobs is a chat field")
     given = {"temperature": 0.8, "seed": 7, **body}  # sampling, so seed and filters matter
     left_out = {k: v for k, v in given.items() if v is not None}
-    if isinstance(given.get("nsd"), dict):
-        left_out["nsd"] = {}
+    for nested in ("nsd", "stream_options"):  # a null inside is left out there
+        if isinstance(given.get(nested), dict):
+            left_out[nested] = {k: v for k, v in given[nested].items() if v is not None}
     r, expected = _post(client, chat, **given), _post(client, chat, **left_out)
     assert r.status_code == 200, r.text
     assert _answer(r, chat) == _answer(expected, chat)
@@ -451,3 +452,25 @@ def test_an_assistant_turn_sent_back_with_its_null_fields_is_accepted(server) ->
     r = _post(client, True, messages=[{"role": "user", "content": "abcab"}, turn,
                                       {"role": "user", "content": "ab"}])
     assert r.status_code == 200, r.text
+
+
+def test_an_openai_client_message_and_stream_options_round_trip(server) -> None:
+    # What the openai client's ChatCompletionMessage.model_dump() sends back as a turn, and
+    # stream options it may send: accepted where they ask for nothing nsd lacks.
+    client, _ = server
+    turn = {"role": "assistant", "content": "ok", "refusal": None, "audio": None, "annotations": None,
+            "tool_calls": None, "function_call": None}
+    turns = [{"role": "user", "content": "abcab"}, turn, {"role": "user", "content": "ab"}]
+    assert _post(client, True, messages=turns).status_code == 200
+    assert _post(client, True, messages=[*turns[:1], {**turn, "annotations": []}, turns[2]]).status_code == 200
+    for value, param in ((0, "refusal"), ("", "refusal"), ({}, "audio"), ([{"type": "url_citation"}], "annotations")):
+        r = _post(client, True, messages=[*turns[:1], {**turn, param: value}, turns[2]])
+        assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[1].{param}", (param, value)
+    ok = _post(client, True, messages=turns[:1], stream=True,
+               stream_options={"include_usage": True, "include_obfuscation": False})
+    assert ok.status_code == 200
+    r = _post(client, True, messages=turns[:1], stream=True, stream_options={"include_obfuscation": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.include_obfuscation"
+    # A completions request with chat's messages: the generic unknown-field message.
+    r = _post(client, False, messages=turns)
+    assert r.status_code == 400 and "a message takes" not in r.json()["error"]["message"]

@@ -225,8 +225,11 @@ BAD = [
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 0}}, 400, "nsd.k", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "fast"}}, 400, "nsd.k", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
-    # Past the k_max whose step costs the batched server measured (8): named before queueing.
+    # Past the option's range (64), and past the k_max whose step costs the batched server
+    # measured (8): both named before queueing.
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "auto", "k_max": 1000}}, 400,
+     "nsd.k_max", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "auto", "k_max": 9}}, 400,
      "nsd.k_max", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "stream": True,
                          "nsd": {"k": "auto", "k_max": 9}}, 400, "nsd.k_max", None),

@@ -217,8 +217,14 @@ def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] |
         costs = measure()
     if not load.sample.flagged:
         _write_atomic(path, {"key": key, "costs": costs})
+        if provisional is not None:  # draft lengths chosen from here on may differ
+            print(f"nsd: the machine is idle: {busy} measured now replace those stored "
+                  "provisionally from a busy run", file=sys.stderr)
         return costs, False
     busy_cores = f"the machine is busy ({100 * load.sample.other_cpu:.0f}% of the cores used by other processes)"
+    if read is None:  # measured again on request: a busy run keeps what was stored
+        print(f"nsd: {busy_cores}: {busy} measured now serve this run only", file=sys.stderr)
+        return costs, False
     if provisional is not None:
         print(f"nsd: {busy_cores}: this measurement is discarded and {busy} stored from an "
               "earlier busy run serve until the machine is measured idle", file=sys.stderr)

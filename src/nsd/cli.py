@@ -220,9 +220,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parsed flags; an unknown one is reported by the (sub)command it was given to, so
+    the error points at that command's help, not the top level's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser
+        while True:
+            sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is None or getattr(args, sub.dest, None) not in sub.choices:
+                break
+            command = sub.choices[getattr(args, sub.dest)]
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # bare `nsd`: what it can do, not an error about a missing argument
+        parser.print_help(sys.stderr)
+        return 2
+    args = _parse(parser, argv)
     try:
         return args.func(args)
     except NSDError as exc:

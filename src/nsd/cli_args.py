@@ -9,6 +9,7 @@ refused by the frozen config built from the parsed flags, with the option's own 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Any, Callable, Iterable, Mapping
@@ -102,11 +103,15 @@ def backend_options(args: argparse.Namespace):
     from nsd.api import BackendOptions
 
     _check_flags(args, optspec.BACKEND)
-    threads, cores = getattr(args, "threads", None), os.cpu_count() or 1
+    _warn_threads(getattr(args, "threads", None), os.cpu_count() or 1)
+    return BackendOptions.from_mapping(vars(args))
+
+
+@functools.lru_cache(maxsize=None)  # once per process, however often the options are read
+def _warn_threads(threads: int | None, cores: int) -> None:
     if threads is not None and threads > cores:
         print(f"nsd: --threads {threads} on {cores} cores: llama.cpp runs slower with more "
               "threads than cores", file=sys.stderr)
-    return BackendOptions.from_mapping(vars(args))
 
 
 def _check_flags(args: argparse.Namespace, names: Iterable[str]) -> None:

@@ -112,9 +112,10 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
     # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
     theta_b = budget_theta if budget_theta is not None else max(thetas, default=optspec.default("theta"))
-    for k in ks:
-        if not (k == "auto" or (isinstance(k, int) and k >= 1)):
-            raise NSDError(f"draft lengths must be whole numbers >= 1 or auto, got {k!r}")
+    for k in ks:  # the range of -k itself (nsd.options), checked before any model loads
+        if not (k == "auto" or isinstance(k, int)):
+            raise NSDError(f"--ks values must be whole numbers or auto, got {k!r}")
+        optspec.ALL["k"].check(k, label="--ks")
     variants = [(None, "")] if not ks else [(k, f"/k={k}") for k in dict.fromkeys(ks)]
     specs: list[MethodSpec] = []
     for family in dict.fromkeys(families):

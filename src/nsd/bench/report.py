@@ -71,8 +71,8 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
             "loglik_mean": aggregate.mean(r["loglik"] for r in rs),
             "accepted_length_histogram": metrics.accepted_length_histogram(
                 s.get("accepted_per_pass", []) for s in stats),
-            # -k auto: the draft length chosen per pass (0 = plain step), and the cost
-            # model's expected rate beside the measured one.
+            # The tokens drafted per pass (0 = a plain step: chosen by -k auto, or a lookup
+            # that found nothing), and -k auto's expected rate beside the measured one.
             "mean_k": aggregate.mean(k for s in stats for k in s.get("k_per_pass") or []),
             "plain_step_share": aggregate.mean(float(k == 0) for s in stats for k in s.get("k_per_pass") or []),
             "predicted_tokens_per_s_median": aggregate.median(
@@ -166,7 +166,8 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
     lines += _table(summary)
     if any(aggregate.defined(r.get("mean_k")) for r in summary):
         lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
-                  "(k̄: mean k per pass; plain: share of passes with k = 0, chosen by -k auto):", "",
+                  "(k̄: mean tokens drafted per pass; plain: share of passes that drafted nothing, as "
+                  "chosen by -k auto or where prompt lookup found no match):", "",
                   "| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
                   "|---" * 9 + "|"]
         for r in summary:

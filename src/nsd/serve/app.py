@@ -368,19 +368,22 @@ async def _encode(engine: Any, req: CompletionRequest | ChatRequest) -> list[int
 
 
 def _encode_chat(engine: Any, req: ChatRequest) -> list[int]:
-    """The conversation's token ids. A message's ``name`` goes to the chat template; one
-    the template does not show (many ignore names) is refused, since it would otherwise be
-    dropped unseen: the conversation is rendered again without it, and if the tokens are
-    the same, the template ignored it."""
+    """The conversation's token ids. Messages' ``name`` goes to the chat template; names the
+    template does not show (many ignore them) are refused, since they would otherwise be
+    dropped unseen. Templates decide by role, so per role with named messages the
+    conversation is rendered once more without that role's names: the same tokens, and the
+    template ignored them (at most one render per role, however many messages)."""
     ids = engine.encode([m.as_dict() for m in req.messages])
-    for i, message in enumerate(req.messages):
-        if message.name is None:
-            continue
-        without = [m.as_dict(name=j != i) for j, m in enumerate(req.messages)]
-        if engine.encode(without) == ids:
+    first_named: dict[str, int] = {}
+    for i, m in enumerate(req.messages):
+        if m.name is not None:
+            first_named.setdefault(m.role, i)
+    for role, i in sorted(first_named.items(), key=lambda item: item[1]):
+        if engine.encode([m.as_dict(name=m.role != role) for m in req.messages]) == ids:
             raise ApiError(400, f"messages[{i}].name: this model's chat template does not show "
-                           "a message's name, so it would be ignored; leave name out (or write "
-                           "it into the content)", param=f"messages[{i}].name", code="invalid_value")
+                           f"a{'n' if role[0] in 'aeiou' else ''} {role} message's name, so it "
+                           "would be ignored; leave name out (or write it into the content)",
+                           param=f"messages[{i}].name", code="invalid_value")
     return ids
 
 

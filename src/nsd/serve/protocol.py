@@ -120,6 +120,16 @@ NsdOptions = create_model(
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool | None = None
+    # OpenAI pads streamed chunks with random characters (on by default there) so their
+    # sizes say nothing of the tokens; nsd sends no padding, so it takes only "off".
+    include_obfuscation: bool | None = None
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _check_obfuscation(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("nsd pads no streamed chunk; send false or leave it out")
+        return value
 
 
 class _GenerationRequest(BaseModel):
@@ -274,6 +284,7 @@ class ChatMessage(BaseModel):
     # is one nsd cannot render, so it is refused.
     refusal: Any = None
     audio: Any = None
+    annotations: Any = None  # url citations of a web search answer
 
     @field_validator("role", mode="before")
     @classmethod
@@ -306,10 +317,11 @@ class ChatMessage(BaseModel):
             raise ValueError(f"tool calls are not supported ({TOOLS_UNSUPPORTED})")
         return None
 
-    @field_validator("refusal", "audio")
+    @field_validator("refusal", "audio", "annotations")
     @classmethod
     def _check_output_fields(cls, value: Any, info: ValidationInfo) -> None:
-        if value:
+        # null, or an empty list of annotations, as a response's message carries them
+        if value is not None and not (info.field_name == "annotations" and value == []):
             raise ValueError(f"an assistant's {info.field_name} cannot be rendered as a turn "
                              "of the conversation (give it as content, or leave it out)")
         return None
@@ -357,7 +369,7 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "this field is required"
-        elif err["type"] == "extra_forbidden" and err["loc"][0] in _NESTED_FIELDS:
+        elif err["type"] == "extra_forbidden" and len(err["loc"]) > 1 and err["loc"][0] in _NESTED_FIELDS:
             msg = f"unknown field; {_NESTED_FIELDS[err['loc'][0]]}"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field: not an OpenAI request field nsd implements (nsd's own " \
