@@ -79,6 +79,11 @@ def test_method_grid_labels() -> None:
         expand_methods(["nsd-budget"], [0.9], [], ["draft"])
     with pytest.raises(NSDError, match=r"theta must be a number in \[0, 1\]"):
         expand_methods(["nsd"], [1.5], [], ["draft"])
+    # A budget without the method that spends it would be silently unused.
+    with pytest.raises(NSDError, match="--budget is used only by the nsd-budget method"):
+        expand_methods(["ar", "nsd"], [0.9], [4.0], ["draft"])
+    with pytest.raises(NSDError, match="--budget-theta is used only by the nsd-budget method"):
+        expand_methods(["nsd"], [0.9], [], ["draft"], 0.9)
 
 
 def test_run_grid_and_resume(tmp_path: Path) -> None:

@@ -110,6 +110,10 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         raise NSDError("nsd needs at least one --theta")
     if "nsd-budget" in families and not budgets:
         raise NSDError("nsd-budget needs --budget B (one or more finite budgets)")
+    # --budget and --budget-theta have no default: given, they were meant for a method.
+    if (budgets or budget_theta is not None) and "nsd-budget" not in families:
+        flag = "--budget" if budgets else "--budget-theta"
+        raise NSDError(f"{flag} is used only by the nsd-budget method; add nsd-budget to --methods")
     # The budget caps how much relaxation is spent, so pair it with the most relaxed θ.
     theta_b = budget_theta if budget_theta is not None else max(thetas, default=optspec.default("theta"))
     for k in ks:  # the range of -k itself (nsd.options), checked before any model loads
