@@ -208,3 +208,23 @@ def test_compile_on_the_llama_backend_is_refused_not_ignored(tmp_path) -> None:
     gguf = write_tiny_gguf(tmp_path / "m.gguf")
     with pytest.raises(NSDError, match=r"--compile torch is for the transformers backend"):
         load_backend(str(gguf), BackendOptions(backend="llama", compile="torch"))
+
+
+def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
+    from nsd.cli_args import note_unused
+
+    args = build_parser().parse_args(["generate", "--target", "t", "--method", "sd", "--theta", "0.5",
+                                      "--typical-delta", "0.2", "--cap", "1", "-k", "4"])
+    note_unused(args, ["sd"])
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["nsd: --theta 0.5 does nothing with --method sd (it acts on nsd)",
+                   "nsd: --cap 1.0 does nothing with --method sd (it acts on nsd, typical)",
+                   "nsd: --typical-delta 0.2 does nothing with --method sd (it acts on typical)"]
+    note_unused(args, ["ar", "nsd"], flag="--methods")  # θ and the cap act on nsd; k on nsd too
+    assert capsys.readouterr().err.splitlines() == [
+        "nsd: --typical-delta 0.2 does nothing with --methods ar,nsd (it acts on typical)"]
+    note_unused(args, ["ar"])
+    assert "-k/--draft-length 4 does nothing with --method ar" in capsys.readouterr().err
+    default = build_parser().parse_args(["generate", "--target", "t", "--method", "sd"])
+    note_unused(default, ["sd"])  # defaults say nothing
+    assert capsys.readouterr().err == ""

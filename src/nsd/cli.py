@@ -15,7 +15,7 @@ from typing import NoReturn, Sequence
 
 from nsd import options as optspec
 from nsd.cli_args import (add_decoding_args, add_model_args, add_options, backend_options,
-                          generation_config)
+                          generation_config, note_unused)
 from nsd.errors import NSDError
 
 
@@ -72,6 +72,7 @@ def summary_line(stats) -> str:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     config = generation_config(args)
+    note_unused(args, [config.method])
     prompt = _read_prompt(args)
     if args.system is not None and not args.chat:  # before the models load
         raise NSDError("--system needs --chat: the system message goes into the chat template")
@@ -115,6 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_methods(methods)  # before the models load
     configs = [generation_config(args, method=m) for m in methods]
+    note_unused(args, methods, flag="--methods")
     # An empty --prompt is a mistake, as in generate, not a request for the built-in ones.
     if args.prompt is not None and not args.prompt.strip():
         raise NSDError("the prompt is empty")

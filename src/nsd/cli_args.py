@@ -12,7 +12,7 @@ import argparse
 import functools
 import os
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.options import Option
@@ -97,6 +97,20 @@ def generation_config(args: argparse.Namespace, **overrides: Any):
 
     _check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
     return GenerationConfig.from_mapping(vars(args), **overrides)
+
+
+def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "--method") -> None:
+    """Say so where a flag set away from its default acts on none of the methods that will
+    run (``--theta`` with ``--method sd``): it would change nothing. A note, not an error:
+    the same flags are often passed to every method in turn."""
+    for name in (*optspec.DECODING, *optspec.DRAFT_LENGTH):
+        option, value = optspec.ALL[name], getattr(args, name, None)
+        if option.methods is None or set(methods) & set(option.methods) or value is None \
+                or value == option.default:
+            continue
+        given = "/".join(filter(None, (option.short, option.flag)))
+        print(f"nsd: {given} {value} does nothing with {flag} {','.join(methods)} (it acts on "
+              f"{', '.join(option.methods)})", file=sys.stderr)
 
 
 def backend_options(args: argparse.Namespace):

@@ -49,6 +49,7 @@ class Option:
     short: str | None = None  # one-letter CLI alias, e.g. -k
     long: str | None = None  # a CLI spelling other than --name-with-dashes
     words: str | None = None  # the accepted values in words, where the bounds read badly
+    methods: tuple[str, ...] | None = None  # the methods it acts on (None: every method)
 
     @property
     def flag(self) -> str:
@@ -118,6 +119,7 @@ def _opts(*options: Option) -> dict[str, Option]:
 
 
 METHODS = ("ar", "sd", "nsd", "typical")
+SPECULATIVE = ("sd", "nsd", "typical")  # the methods that draft
 
 # Where drafts come from. draft: the draft model; ngram: prompt lookup alone; hybrid: both,
 # the -k auto policy choosing the cheaper one per block (with a fixed k, lookup takes a
@@ -144,22 +146,22 @@ DECODING = _opts(
     Option("method", "nsd", str, choices=METHODS,
            help="ar: autoregressive; sd: exact speculative sampling; nsd: nucleus speculative "
                 "decoding; typical: Medusa-style typical acceptance"),
-    Option("theta", 0.9, float, low=0.0, high=1.0,
+    Option("theta", 0.9, float, low=0.0, high=1.0, methods=("nsd",),
            help="NSD nucleus mass θ in [0, 1]: also accept a draft token inside the target's "
                 "smallest set of tokens with mass >= θ (0 = exactly SD)"),
-    Option("budget", math.inf, float, low=0.0,
+    Option("budget", math.inf, float, low=0.0, methods=("nsd", "typical"),
            help="hard fidelity budget B: cap on the summed deviation D of one sequence "
                 "(default: none; 0 = exactly SD)"),
-    Option("cap", math.inf, float, low=0.0,
+    Option("cap", math.inf, float, low=0.0, methods=("nsd", "typical"),
            help="per-position cap δ: positions with E_t > δ are verified exactly"),
-    Option("smooth", False, bool,
+    Option("smooth", False, bool, methods=("nsd", "typical"),
            help="spend the last remainder of the budget with a partial relaxation (sampling "
                 "only: greedy relaxes all-or-nothing, so it stays seed-free)"),
     # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
-    Option("typical_epsilon", 0.09, float, low=0.0, low_open=True,
+    Option("typical_epsilon", 0.09, float, low=0.0, low_open=True, methods=("typical",),
            help="typical acceptance ε: accept p(x) > min(ε, δ·exp(−H)) (Medusa's "
                 "posterior_threshold)"),
-    Option("typical_delta", 0.3, float, low=0.0, low_open=True,
+    Option("typical_delta", 0.3, float, low=0.0, low_open=True, methods=("typical",),
            help="typical acceptance δ (Medusa's posterior_alpha)"),
     Option("temperature", 0.0, float, low=0.0, finite=True, help="sampling temperature; 0 = greedy"),
     Option("top_k", 0, int, low=0, help="keep the k most likely tokens (0 disables)"),
@@ -189,11 +191,12 @@ DRAFT_LENGTH = _opts(
     # k_max's default never pay, and k sizes per-position bookkeeping and the measured
     # step-cost table (c(1..k_max+1), timed once per machine).
     Option("k", "auto", int, low=1, high=64, auto=True, short="-k", long="--draft-length",
+           methods=SPECULATIVE,
            metavar="K|auto",
            help="draft tokens per block, or auto: before each block the cost model picks the k "
                 "(0 = a plain step) with the most expected tokens per second"),
-    Option("k_max", 8, int, low=1, high=64, help="largest k for -k auto and --adaptive-k"),
-    Option("adaptive_k", False, bool, help="grow k by 2 after a fully accepted block, shrink by 1 "
+    Option("k_max", 8, int, low=1, high=64, methods=SPECULATIVE, help="largest k for -k auto and --adaptive-k"),
+    Option("adaptive_k", False, bool, methods=SPECULATIVE, help="grow k by 2 after a fully accepted block, shrink by 1 "
                                            "otherwise (up to --k-max)"),
 )
 
