@@ -223,6 +223,13 @@ BAD = [
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"theta": -0.1}}, 400, "nsd.theta", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"budget": -1}}, 400, "nsd.budget", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 0}}, 400, "nsd.k", None),
+    # A knob the request's method does not use is refused, not ignored.
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "sd", "theta": 0.5}}, 400,
+     "nsd.theta", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "ar", "k": 4}}, 400,
+     "nsd.k", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "nsd", "typical_delta": 0.2}},
+     400, "nsd.typical_delta", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "fast"}}, 400, "nsd.k", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
     # Past the option's range (64), and past the k_max whose step costs the batched server

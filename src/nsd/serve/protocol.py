@@ -440,6 +440,8 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
         overrides.update(request.nsd.model_dump(exclude_none=True))
     try:
         config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
+        if request.nsd is not None:
+            _check_applies(request.nsd.model_dump(exclude_none=True), config.method)
         if check is not None:
             check(config)
     except (NSDError, TypeError, ValueError) as exc:
@@ -451,6 +453,16 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
         param = f"nsd.{name}" if name and request.nsd and name in request.nsd.model_fields_set else name
         raise ApiError(400, message, param=param, code="invalid_value") from None
     return config
+
+
+def _check_applies(given: dict[str, Any], method: str) -> None:
+    """A rule or draft-length field of the ``nsd`` object that acts on other methods than
+    the request's (``theta`` with method ``sd``) would change nothing: refused, not ignored."""
+    for name, value in given.items():
+        option = optspec.ALL[name]
+        if option.methods is not None and method not in option.methods:
+            raise NSDError(f"{name} {value!r} does nothing with method {method} (it acts on "
+                           f"{', '.join(option.methods)}); leave it out or choose one of those methods")
 
 
 # ----------------------------------------------------------------------------- responses
