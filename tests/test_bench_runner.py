@@ -138,6 +138,13 @@ def test_warmup_is_not_recorded(tmp_path: Path) -> None:
     engine = fake_engine()
     records = BenchRunner(engine, config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:1])
     assert len(records) == 3 and engine.calls == 3 + 3  # ar, sd/draft, sd/ngram paths warmed
+    # One warm-up per family and proposer: both θ of NSD share one, SD has its own (the
+    # rules differ), and nsd-budget and typical each theirs.
+    methods = [m for m in METHODS if m.proposer in (None, "draft")]
+    config = RunConfig(methods=methods, generation=GenerationConfig(max_new_tokens=4, k=4), warmup=True)
+    engine = fake_engine()
+    records = BenchRunner(engine, config, Journal(tmp_path / "b", SETTINGS), progress=False).run(PROMPTS[:1])
+    assert len(methods) == 6 and engine.calls == 6 + 5  # ar, sd, nsd (x2 θ), nsd-budget, typical
 
 
 def test_draft_proposer_needs_a_draft(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ class RunConfig:
     execute: bool = True  # run HumanEval tests for pass@1
     exec_timeout_s: float = 10.0
     dataset_stops: bool = True  # end HumanEval generations at its stop sequences
-    warmup: bool = True  # one short untimed call per code path before timing anything
+    warmup: bool = True  # one short untimed call per method family and proposer before timing
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -131,11 +131,13 @@ class BenchRunner:
         return result.token_ids, result.text, result.stats
 
     def _warmup(self, prompt: BenchPrompt) -> None:
-        """Untimed calls so lazy allocations and caches are not billed to the first method."""
+        """Untimed calls so lazy allocations and caches are not billed to the first method:
+        one per method family and proposer (SD, NSD and typical acceptance share the
+        proposer but not the rule, whose own work is measured and allocated on first use)."""
         ids = self.engine.encode(prompt.text, chat=prompt.chat)
         seen: set[tuple] = set()
         for spec in self.config.methods:
-            path = (spec.family if spec.is_peer else spec.family == "ar", spec.proposer)
+            path = (spec.family, spec.proposer)
             if path in seen:
                 continue
             seen.add(path)
