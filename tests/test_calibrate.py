@@ -74,7 +74,8 @@ def quiet_machine(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path: Path, monkeypatch) -> None:
+def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path: Path, monkeypatch,
+                                                         capsys) -> None:
     busy = {"flag": False}
 
     @contextlib.contextmanager
@@ -96,11 +97,16 @@ def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path
     # Busy again: measured again, that measurement discarded, the provisional costs serve
     # (a seeded -k auto run repeats its choices on a machine that stays busy).
     a.per_token, calls = 0.020, clock.calls
-    assert calibrate.compare_step_costs(pair, quiet=True) == provisional and clock.calls > calls
+    capsys.readouterr()
+    assert calibrate.compare_step_costs(pair) == provisional and clock.calls > calls
+    err = capsys.readouterr().err
+    assert "on this machine again (the stored costs were measured busy)" in err and "(once)" not in err
+    assert "this measurement is discarded" in err
     # Idle: the new measurement replaces them for good.
     busy["flag"] = False
     first = calibrate.compare_step_costs(pair, quiet=True)
     assert first["original"] > provisional["original"]
+    assert "replace those stored provisionally" in capsys.readouterr().err
     assert "provisional" not in json.loads(next(tmp_path.glob("calibration/compare-*.json")).read_text())
     a.per_token = 0.010
     calls = clock.calls

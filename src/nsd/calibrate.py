@@ -212,6 +212,8 @@ def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] |
             return value, True
         provisional = value
     if note:
+        if provisional is not None:  # "(once)" would not be true: it is measured each run
+            note = note.replace(" (once)", "") + " again (the stored costs were measured busy)"
         print(note, file=sys.stderr)
     with LoadMonitor().measure() as load:
         costs = measure()
