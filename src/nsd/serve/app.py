@@ -381,8 +381,8 @@ def _encode_chat(engine: Any, req: ChatRequest) -> list[int]:
     for role, i in sorted(first_named.items(), key=lambda item: item[1]):
         if engine.encode([m.as_dict(name=m.role != role) for m in req.messages]) == ids:
             raise ApiError(400, f"messages[{i}].name: this model's chat template does not show "
-                           f"a{'n' if role[0] in 'aeiou' else ''} {role} message's name, so it "
-                           "would be ignored; leave name out (or write it into the content)",
+                           f"the name of a message with role {role}, so it would be ignored; "
+                           "leave name out (or write it into the content)",
                            param=f"messages[{i}].name", code="invalid_value")
     return ids
 
