@@ -111,17 +111,25 @@ def test_draft_sees_the_same_transform_so_a_copy_of_the_target_costs_nothing(tem
     assert other.accepted_tokens < other.drafted_tokens and other.deviation > 0
 
 
+def _decode_with_logprobs(target, draft, sampling: SamplingConfig, speculative: bool, **config):
+    """The tokens of an NSD θ 0.8 (k = 3) or plain decoding after [1, 2], and the
+    TokenLogprob entries it reported."""
+    decode_config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="nucleus", theta=0.8),
+                                 sampling=sampling, k=3, **config)
+    sink: list = []
+    tokens, _ = run_to_end(decode(target, [1, 2], decode_config,
+                                  DraftModelProposer(draft, sampling) if speculative else None,
+                                  logprob_sink=sink))
+    return tokens, sink
+
+
 @pytest.mark.parametrize("temperature,speculative", [(0.0, True), (0.8, True), (0.8, False),
                                                      (0.0, False)])
 def test_logprobs_are_those_of_the_target_distribution_used(temperature, speculative) -> None:
     sampling = SamplingConfig(temperature=temperature, top_k=6, **PENALTIES)
-    target, draft = MockLM(vocab_size=10, seed=50), MockLM(vocab_size=10, seed=51)
-    config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="nucleus", theta=0.8),
-                          sampling=sampling, k=3, max_new_tokens=20, seed=4, logprobs=3)
-    sink: list = []
-    tokens, _ = run_to_end(decode(target, [1, 2], config,
-                                  DraftModelProposer(draft, sampling) if speculative else None,
-                                  logprob_sink=sink))
+    target = MockLM(vocab_size=10, seed=50)
+    tokens, sink = _decode_with_logprobs(target, MockLM(vocab_size=10, seed=51), sampling, speculative,
+                                         max_new_tokens=20, seed=4, logprobs=3)
     assert [e.token for e in sink] == tokens
     for i, entry in enumerate(sink):
         logits = target.logits_after([1, 2] + tokens[:i])
@@ -145,13 +153,9 @@ def test_top_logprobs_past_the_kept_tokens_are_the_target_s_runners_up(filters, 
     # removed, ranked by the adjusted logits before the filters, each at -inf: real
     # runners-up, never arbitrary zero-probability ids (in a real vocabulary, special tokens).
     sampling = SamplingConfig(temperature=0.7, **filters, **PENALTIES)
-    target, draft = MockLM(vocab_size=12, seed=52), MockLM(vocab_size=12, seed=53)
-    config = DecodeConfig(speculative=speculative, rule=RuleConfig(kind="nucleus", theta=0.8),
-                          sampling=sampling, k=3, max_new_tokens=15, seed=6, logprobs=6)
-    sink: list = []
-    tokens, _ = run_to_end(decode(target, [1, 2], config,
-                                  DraftModelProposer(draft, sampling) if speculative else None,
-                                  logprob_sink=sink))
+    target = MockLM(vocab_size=12, seed=52)
+    tokens, sink = _decode_with_logprobs(target, MockLM(vocab_size=12, seed=53), sampling, speculative,
+                                         max_new_tokens=15, seed=6, logprobs=6)
     filled = 0
     for i, entry in enumerate(sink):
         logits = target.logits_after([1, 2] + tokens[:i])

@@ -50,6 +50,11 @@ def _read_prompt(args: argparse.Namespace) -> str:
         text = args.prompt
     else:
         raise NSDError("no prompt: give --prompt TEXT or --prompt-file FILE")
+    return _nonblank(text)
+
+
+def _nonblank(text: str) -> str:
+    # On the command line a blank prompt is a mistake (the library would take its tokens).
     if not text.strip():
         raise NSDError("the prompt is empty")
     return text
@@ -118,9 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     configs = [generation_config(args, method=m) for m in methods]
     note_unused(args, methods, flag="--methods")
     # An empty --prompt is a mistake, as in generate, not a request for the built-in ones.
-    if args.prompt is not None and not args.prompt.strip():
-        raise NSDError("the prompt is empty")
-    prompts = [args.prompt] if args.prompt is not None else list(DEFAULT_PROMPTS)
+    prompts = [_nonblank(args.prompt)] if args.prompt is not None else list(DEFAULT_PROMPTS)
     engine = make_engine(args)
     print(run_compare(engine, prompts, configs, chat=args.chat, warmup=args.warmup))
     return 0

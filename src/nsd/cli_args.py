@@ -105,8 +105,7 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
     the same flags are often passed to every method in turn."""
     for name in (*optspec.DECODING, *optspec.DRAFT_LENGTH):
         option, value = optspec.ALL[name], getattr(args, name, None)
-        if option.methods is None or set(methods) & set(option.methods) or value is None \
-                or value == option.default:
+        if option.acts_on(methods) or value is None or value == option.default:
             continue
         given = "/".join(filter(None, (option.short, option.flag)))
         print(f"nsd: {given} {value} does nothing with {flag} {','.join(methods)} (it acts on "

@@ -1,8 +1,8 @@
 """``nsd compare``: AR, SD and NSD on the same models and prompts, in one run.
 
 Methods are interleaved prompt by prompt, which one goes first rotating as in ``nsd bench``,
-so drift in machine load hits all of them alike, after one short untimed call per method (as ``nsd bench`` does), so the one-off costs of a
-process's first calls are billed to no method.
+so drift in machine load hits all of them alike. Each first makes one short untimed call,
+so the one-off costs of a process's first calls are billed to no method.
 The figures use the same definitions as ``nsd bench`` (:mod:`nsd.aggregate`):
 speedups are medians of the per-prompt tokens/s ratios measured in this same run.
 """

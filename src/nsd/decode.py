@@ -101,7 +101,7 @@ class DecodeStats:
     cached_prompt_tokens: int = 0  # prompt tokens whose KV was already in the cache
     # What the -k auto policy learns from, per source of blocks: "draft" (the proposer's
     # own blocks: the draft model's, or prompt lookup's when it drafts alone) and "lookup:N"
-    # (the hybrid proposer's copies) (prompt lookup after a matched n-gram of N tokens), each as [tests,
+    # (the hybrid proposer's copies after a matched n-gram of N tokens), each as [tests,
     # accepts] over draft positions whose test ran (up to the first rejection), so
     # accepts / tests is that source's per-position conditional acceptance. Stored starting
     # estimates (:mod:`nsd.priors`) are made from these counts.

@@ -51,6 +51,10 @@ class Option:
     words: str | None = None  # the accepted values in words, where the bounds read badly
     methods: tuple[str, ...] | None = None  # the methods it acts on (None: every method)
 
+    def acts_on(self, methods: Iterable[str]) -> bool:
+        """Whether setting it changes anything when ``methods`` run."""
+        return self.methods is None or not set(self.methods).isdisjoint(methods)
+
     @property
     def flag(self) -> str:
         """The command-line spelling."""

@@ -460,7 +460,7 @@ def _check_applies(given: dict[str, Any], method: str) -> None:
     the request's (``theta`` with method ``sd``) would change nothing: refused, not ignored."""
     for name, value in given.items():
         option = optspec.ALL[name]
-        if option.methods is not None and method not in option.methods:
+        if not option.acts_on([method]):
             raise NSDError(f"{name} {value!r} does nothing with method {method} (it acts on "
                            f"{', '.join(option.methods)}); leave it out or choose one of those methods")
 
