@@ -83,15 +83,20 @@ def main() -> int:
                              "no drafting, so the draft's cache is never filled)")
     parser.add_argument("--max-chars", type=int, default=None,
                         help="cut the reviewed source to this many characters (a shorter chat)")
+    parser.add_argument("--proposer", default="draft", choices=("draft", "hybrid"),
+                        help="what drafts (default draft: the draft model alone, as in the "
+                             "recorded runs)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     from nsd.api import BackendOptions, Engine, GenerationConfig
+    from nsd.bench.store import write_json_atomic
+    from nsd.machine import cpu_description
     from nsd.serve import ServerConfig
 
     options = BackendOptions(threads=args.threads) if args.threads else BackendOptions()
     t0 = time.perf_counter()
-    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options)
+    engine = Engine(args.target, draft=args.draft, proposer=args.proposer, options=options)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     k = args.k if args.k == "auto" else int(args.k)
     config = ServerConfig(model_name="m", defaults=GenerationConfig(method="nsd", k=k))
@@ -109,7 +114,7 @@ def main() -> int:
     def record(label: str, result: dict) -> dict:
         rows.append({"label": label, **{k: v for k, v in result.items() if k != "text"}})
         print(f"{label:24s} prompt {result['prompt_tokens']:5d}  cached {result['cached_tokens']:5d}"
-              f"  TTFT {result['ttft_s']:.3f} s", file=sys.stderr)
+              f"  TTFT {result['ttft_s']:.3f} s  whole turn {result['total_s']:.3f} s", file=sys.stderr)
         return result
 
     with httpx.Client(base_url=url, timeout=600) as client:
@@ -133,10 +138,9 @@ def main() -> int:
     print(f"second turn: {cold / live:.1f}x lower TTFT than cold", file=sys.stderr)
     print("\n".join(metrics), file=sys.stderr)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"target": args.target, "draft": args.draft,
-                                         "max_tokens": args.max_tokens, "rows": rows,
-                                         "metrics": metrics}, indent=2) + "\n")
+        write_json_atomic(args.json, {"target": args.target, "draft": args.draft, "k": args.k,
+                                      "proposer": args.proposer, "max_tokens": args.max_tokens,
+                                      "cpu": cpu_description(), "rows": rows, "metrics": metrics})
     return 0
 
 

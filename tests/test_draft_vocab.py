@@ -218,6 +218,45 @@ def test_reduced_draft_logits_are_the_full_drafts_on_kept_tokens(smol: Path, tmp
 
 
 @pytest.mark.llama
+def test_the_next_generation_reuses_a_reduced_drafts_cache(smol: Path, tmp_path: Path) -> None:
+    # A reduced draft is fed input embeddings; its cache records the full-vocabulary ids
+    # they stand for, so the next turn of a chat feeds the draft only what is new.
+    import shutil
+
+    from nsd.models.draft_vocab import ensure_reduced_draft, open_reduced_draft
+
+    src = tmp_path / smol.name
+    shutil.copyfile(smol, src)
+    counts = np.zeros(49152, dtype=np.int64)
+    counts[PROMPT[::2]] = 10  # the other half of the prompt is fed by embedding only
+    reduced = ensure_reduced_draft(src, 2000, counts=counts)
+    small = open_reduced_draft(reduced, n_threads=2, n_ctx=256)
+    greedy = SamplingConfig(temperature=0.0)
+
+    def proposer(reuse: bool) -> DraftModelProposer:
+        return DraftModelProposer(small, greedy, vocab_map=reduced.vocab_map, reuse_cache=reuse)
+
+    first = proposer(True).propose(PROMPT, 3, torch.Generator())
+    drafted = first.tokens.tolist()
+    assert small.cached_tokens == PROMPT + drafted[:2]
+    fed: list[list[int]] = []
+    forward_many = small.forward_many
+
+    def recording(items):  # type: ignore[no-untyped-def]
+        fed.extend([list(map(int, tokens)) for _, tokens, _ in items])
+        return forward_many(items)
+
+    small.forward_many = recording  # type: ignore[method-assign]
+    turn = PROMPT + drafted[:1] + [PROMPT[1], 555]  # diverges after the first draft
+    reused = proposer(True).propose(turn, 2, torch.Generator()).tokens.tolist()
+    assert fed[0] == [PROMPT[1], 555]  # only what the cache did not hold
+    fed.clear()
+    rebuilt = proposer(False).propose(turn, 2, torch.Generator()).tokens.tolist()
+    assert fed[0] == turn  # without reuse the whole context is fed again
+    assert reused == rebuilt
+
+
+@pytest.mark.llama
 def test_a_tiny_kept_vocabulary_still_makes_a_loadable_draft(smol: Path, tmp_path: Path) -> None:
     import shutil
 

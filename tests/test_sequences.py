@@ -209,3 +209,42 @@ def test_the_servers_prefill_chunk_reaches_every_view() -> None:
         assert len(views) == 4 and all(v.prefill_chunk == 7 for v in views)
     finally:
         worker.stop(5.0)
+
+
+def test_a_chats_next_turn_sent_as_the_last_one_ends_goes_to_its_slot() -> None:
+    """The slot is free before the client hears that a generation ended: a next turn sent
+    at that very moment goes to the slot whose cache holds the conversation (it reuses the
+    prompt) rather than racing the release to an empty slot."""
+    from nsd.prefix_cache import PrefixCache
+    from nsd.serve.worker import DecodeWorker, Job
+
+    engine = _mock_engine()
+    engine.prefix_cache = PrefixCache(0)  # as the server attaches it: live caches reused
+    worker = DecodeWorker(engine, 4, parallel=2)
+    worker.start()
+    config = GenerationConfig(method="nsd", k=2, max_new_tokens=5, temperature=0.0)
+    ends: list[tuple[Any, int]] = []
+    finished = threading.Event()
+
+    class Turn(Job):
+        def emit(self, kind: str, payload: Any = None) -> None:  # the client hearing events
+            if kind == "error":
+                ends.append((payload, worker.running))
+                finished.set()
+            if kind != "done":
+                return
+            ends.append((payload, worker.running))
+            if len(ends) == 1:  # the user answers at once
+                worker.submit(Turn(self.prompt_ids + payload.token_ids + [3, 1, 4], config, None))
+            else:
+                finished.set()
+
+    try:
+        first = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
+        worker.submit(Turn(first, config, None))
+        assert finished.wait(30)
+        (one, running_at_first_end), (two, _) = ends
+        assert running_at_first_end == 0  # the slot was released before "done"
+        assert two.stats.cached_prompt_tokens >= len(first)  # the conversation's slot
+    finally:
+        worker.stop(5.0)

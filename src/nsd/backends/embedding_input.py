@@ -86,9 +86,11 @@ class EmbeddingInputBackend:
                 raise ValueError(f"token id {bad} outside the vocabulary [0, {self.table.n_rows})")
         rows = self.table.lookup(np.concatenate(arrays))  # one dequantisation for all
         bounds = np.cumsum([0] + [len(ids) for ids in arrays])
+        # The cache records the full-vocabulary ids, so a later prompt that shares them
+        # (the next turn of a chat, a restored prefix) reuses the draft's cache too.
         return self.model.forward_embeddings_many(
             [(seq, rows[a:b], all_logits) for (seq, _, all_logits), a, b
-             in zip(items, bounds[:-1], bounds[1:])])
+             in zip(items, bounds[:-1], bounds[1:])], arrays)
 
     def rewind(self, num_tokens: int, seq: int = 0) -> None:
         self.model.rewind(num_tokens, seq)

@@ -346,17 +346,24 @@ class LlamaCppBackend:
         return int(self._lib.llama_model_n_embd(self._model))
 
     def forward_embeddings(self, embd: np.ndarray, all_logits: bool = True,
-                           seq: int = _SEQ) -> torch.Tensor:
+                           seq: int = _SEQ, tokens: Sequence[int] | None = None) -> torch.Tensor:
         """Like :meth:`forward`, but the new positions are given as input embeddings
         ``[n, n_embd]`` (float32) instead of token ids: llama.cpp's ``batch.embd`` input,
         which enters the graph where the token-embedding lookup would have been. For an
         architecture that applies no scale to its input embeddings (Qwen2, Llama), the
-        rows of ``token_embd`` give the same logits as the token ids."""
-        return self.forward_embeddings_many([(seq, embd, all_logits)])[0]
+        rows of ``token_embd`` give the same logits as the token ids.
 
-    def forward_embeddings_many(self, items: Sequence[tuple[int, np.ndarray, bool]]
+        ``tokens``, when given, are the ids the rows stand for (of whatever vocabulary the
+        caller embeds): :attr:`cached_tokens` records them, so a later prompt sharing them
+        reuses the cache. Without them the positions record -1, which matches no prompt."""
+        return self.forward_embeddings_many([(seq, embd, all_logits)],
+                                            None if tokens is None else [tokens])[0]
+
+    def forward_embeddings_many(self, items: Sequence[tuple[int, np.ndarray, bool]],
+                                tokens: Sequence[Sequence[int]] | None = None
                                 ) -> list[torch.Tensor]:
-        """:meth:`forward_many` for input embeddings: ``(seq, embd [n, n_embd], all_logits)``."""
+        """:meth:`forward_many` for input embeddings: ``(seq, embd [n, n_embd], all_logits)``;
+        ``tokens``: the ids each item's rows stand for (see :meth:`forward_embeddings`)."""
         width = self.n_embd
         arrays = [np.ascontiguousarray(embd, dtype=np.float32) for _, embd, _ in items]
         for embd in arrays:
@@ -364,12 +371,17 @@ class LlamaCppBackend:
                 raise ValueError(f"input embeddings must have shape [n, {width}], got {list(embd.shape)}")
             if embd.shape[0] == 0:
                 raise ValueError("forward_embeddings needs at least one position")
+        ids = None
+        if tokens is not None:
+            ids = [np.asarray(t, dtype=np.int64).reshape(-1) for t in tokens]
+            if [len(t) for t in ids] != [embd.shape[0] for embd in arrays]:
+                raise ValueError("forward_embeddings: one token id per embedding row")
         spans = self._spans(items, [embd.shape[0] for embd in arrays])
         total = sum(embd.shape[0] for embd in arrays)
         self._ensure_embd_batch(total)
         self._embd_view[:total] = np.concatenate(arrays)
         return self._decode(self._embd_batch, self._embd_pos_view, self._embd_out_view,
-                            self._embd_batch_seqs, spans, None)
+                            self._embd_batch_seqs, spans, ids)
 
     def _check_room(self, n: int, seq: int = _SEQ) -> None:
         if self._cached[seq] + n > self._n_ctx:
@@ -383,7 +395,8 @@ class LlamaCppBackend:
                 batch_seqs: np.ndarray, spans: list[tuple[int, int, bool]],
                 ids: list[np.ndarray] | None) -> list[torch.Tensor]:
         """One ``llama_decode`` of the positions already written into ``batch``, span
-        after span (``ids``: each span's token ids, or None for input embeddings)."""
+        after span (``ids``: each span's token ids, or None for input embeddings that
+        stand for no known ids)."""
         start = 0
         for seq, n, all_logits in spans:
             end = start + n
@@ -411,8 +424,8 @@ class LlamaCppBackend:
         np.copyto(out.numpy(), view)
         for i, (seq, n, _) in enumerate(spans):
             self._cached[seq] += n
-            # Positions fed as embeddings hold no token id: -1 matches no prompt, so a
-            # reused cache never claims them.
+            # Positions fed as embeddings without their ids hold none: -1 matches no
+            # prompt, so a reused cache never claims them.
             self._seq_tokens[seq].extend([-1] * n if ids is None else ids[i].tolist())
         return list(out.split(rows)) if len(spans) > 1 else [out]
 

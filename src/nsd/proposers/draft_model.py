@@ -40,10 +40,10 @@ class DraftModelProposer:
         self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
         # Target-vocabulary tokens whose KV the draft cache holds. With ``reuse_cache``, a
         # cache that says what it holds (left by an earlier generation or restored from a
-        # prefix cache) is reused as far as it matches; otherwise, or for a
-        # reduced-vocabulary draft (fed input embeddings, so its cache does not record
-        # token ids), it is rebuilt.
-        held = cached_tokens(backend) if reuse_cache and vocab_map is None else None
+        # prefix cache) is reused as far as it matches; otherwise it is rebuilt. A
+        # reduced-vocabulary draft is fed full-vocabulary ids (as input embeddings), and
+        # its cache records those ids, so it is reused the same way.
+        held = cached_tokens(backend) if reuse_cache else None
         self._fed: list[int] = list(held) if held is not None else []
         self._prompt_length = 0  # generated tokens start here (for the penalties)
         # The logit adjustments need target token ids; a reduced-vocabulary draft skips them

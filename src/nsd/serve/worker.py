@@ -213,39 +213,44 @@ class DecodeWorker:
                 if job is None:
                     return
             started = time.perf_counter()
+            last: tuple[str, Any] | None = None
             try:
                 if self.batcher is not None:
                     with self.batcher.member():
-                        self._execute(job, self._slots[slot])
+                        last = self._execute(job, self._slots[slot])
                 else:
-                    self._execute(job, self._slots[slot])
+                    last = self._execute(job, self._slots[slot])
             finally:
                 with self._cond:
                     self._assigned[slot] = None
                     self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
                     self._assign()
+            # The slot is free before the client hears of the end: a chat's next turn, sent
+            # the moment this one ends, finds it free and goes to the cache holding its
+            # conversation, instead of racing the release to an empty slot.
+            if last is not None:
+                job.emit(*last)
 
-    def _execute(self, job: Job, engine: StreamingEngine) -> None:
+    def _execute(self, job: Job, engine: StreamingEngine) -> tuple[str, Any]:
+        """Run ``job`` on ``engine``, emitting its start and chunks; returns its last event
+        (done, error or cancelled), which the caller emits once the slot is free."""
         if job.cancelled:
-            job.emit("cancelled", job.cancel_reason)
-            return
+            return "cancelled", job.cancel_reason
         job.emit("start")
         try:
             stream = engine.stream(job.prompt_ids, job.config)
             while True:
                 if job.cancelled:
                     stream.close()  # frees the decode generator; the next job resets the cache
-                    job.emit("cancelled", job.cancel_reason)
-                    return
+                    return "cancelled", job.cancel_reason
                 try:
                     chunk = next(stream)
                 except StopIteration as done:
                     result: GenerationResult = done.value
-                    job.emit("done", result)
-                    return
+                    return "done", result
                 job.emit("chunk", chunk)
         except NSDError as exc:  # a problem with this request (e.g. context exceeded)
-            job.emit("error", exc)
+            return "error", exc
         except Exception as exc:  # keep the worker alive whatever one request does
             log.exception("generation failed")
-            job.emit("error", exc)
+            return "error", exc
