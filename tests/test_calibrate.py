@@ -220,3 +220,30 @@ def test_batched_forwards_are_measured_per_shape_and_cached(clock: Clock, quiet_
     assert clock.calls == calls  # the second time from the cache
     calibrate.calibrate_batched(lm, model, (1, 2), (1, 3), quiet=True)
     assert clock.calls > calls  # another grid is another measurement
+
+
+class ShortContextLM(BatchedTimedLM):
+    """Holds ``n_ctx`` tokens per sequence, and fails past them as llama.cpp does."""
+
+    n_ctx = 24
+
+    def forward(self, tokens, all_logits=True):
+        if self.num_cached + len(tokens) > self.n_ctx:
+            raise calibrate.NSDError(f"context full: {self.num_cached} + {len(tokens)} > {self.n_ctx}")
+        return super().forward(tokens, all_logits)
+
+
+def test_a_short_context_is_measured_after_as_many_tokens_as_fit(clock: Clock, quiet_machine: Path) -> None:
+    # A small --n-ctx measured after 256 cached tokens failed on a sequence nobody asked
+    # for, or not, depending on what the cache held. Now the context shrinks to fit.
+    model = quiet_machine / "m.gguf"
+    model.write_bytes(b"x")
+    lm = ShortContextLM(clock, per_token=0.002, per_seq=0.0)
+    steps = calibrate.calibrate(lm, model, 5, quiet=True)
+    assert len(steps.costs) == 5 and steps.key["context"] == 24 - 5
+    assert calibrate.calibrate_batched(lm, model, (1, 2), (1, 3), quiet=True)
+    assert calibrate.compare_step_costs({"a": (lm, model)}, quiet=True)["a"] > 0
+    assert calibrate.fitting_context([lm], 256, 23) == 1
+    with pytest.raises(calibrate.NSDError, match="no room to measure"):
+        calibrate.fitting_context([lm], 256, 24)
+    assert calibrate.fitting_context([MockLM()], 256, 9) == 256  # no limit known: as asked

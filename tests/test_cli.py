@@ -191,6 +191,13 @@ def test_more_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
          "--system needs --chat"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--threads", "5000"], "--threads"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--k-max", "65"], "--k-max"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--stop", ""],
+         "--stop takes a non-empty string"),
+        (["serve", "--target", "smollm2-135m-instruct", "--served-model-name", " "],
+         "--served-model-name is empty"),
+        # A flag that cannot act is refused before any model loads (SmolLM2 has no draft).
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--draft-vocab", "1000"],
+         "--draft-vocab sets the draft model's vocabulary"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
@@ -208,6 +215,8 @@ def test_compile_on_the_llama_backend_is_refused_not_ignored(tmp_path) -> None:
     gguf = write_tiny_gguf(tmp_path / "m.gguf")
     with pytest.raises(NSDError, match=r"--compile torch is for the transformers backend"):
         load_backend(str(gguf), BackendOptions(backend="llama", compile="torch"))
+    with pytest.raises(NSDError, match=r"--dtype float16 is for the transformers backend"):
+        load_backend(str(gguf), BackendOptions(backend="llama", dtype="float16"))
 
 
 def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
@@ -228,3 +237,28 @@ def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
     default = build_parser().parse_args(["generate", "--target", "t", "--method", "sd"])
     note_unused(default, ["sd"])  # defaults say nothing
     assert capsys.readouterr().err == ""
+    # --k-max bounds -k auto and --adaptive-k; beside a fixed k it does nothing.
+    fixed = build_parser().parse_args(["generate", "--target", "t", "-k", "4", "--k-max", "4"])
+    note_unused(fixed, ["nsd"])
+    assert capsys.readouterr().err == "nsd: --k-max 4 does nothing with a fixed -k 4 (it bounds -k auto and --adaptive-k)\n"
+    for argv in (["-k", "auto", "--k-max", "4"], ["-k", "4", "--adaptive-k", "--k-max", "6"]):
+        note_unused(build_parser().parse_args(["generate", "--target", "t", *argv]), ["nsd"])
+        assert capsys.readouterr().err == ""
+
+
+def test_generate_json_reports_the_method_asked_for_and_the_one_that_ran(monkeypatch, capsys) -> None:
+    # As the server's usage.nsd does: nsd with budget 0 cannot relax, so it ran as sd.
+    import json
+
+    import nsd.cli
+    from mock import CharTokenizer, MockLM
+    from nsd.api import Engine
+
+    engine = Engine.from_backends(MockLM(seed=1), CharTokenizer(), draft=MockLM(seed=2), proposer="draft")
+    monkeypatch.setattr(nsd.cli, "make_engine", lambda args, needs_proposer=True: engine)
+    for flags, ran in ((["--budget", "0"], "sd"), ([], "nsd")):
+        assert main(["generate", "--target", "t", "--prompt", "abc", "--method", "nsd", "-k", "2",
+                     "--max-new-tokens", "4", "--json", *flags]) == 0
+        stats = json.loads(capsys.readouterr().out)["stats"]
+        assert (stats["method"], stats["effective_method"], stats["theta"]) == ("nsd", ran, 0.9)
+        assert stats["budget"] == (0.0 if flags else None)

@@ -231,6 +231,9 @@ BAD = [
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"method": "nsd", "typical_delta": 0.2}},
      400, "nsd.typical_delta", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "fast"}}, 400, "nsd.k", None),
+    # k_max bounds k auto and adaptive_k; with a fixed k it would change nothing.
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 4, "k_max": 4}}, 400,
+     "nsd.k_max", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
     # Past the option's range (64), and past the k_max whose step costs the batched server
     # measured (8): both named before queueing.
@@ -343,12 +346,17 @@ def test_usage_is_json_serialisable_numbers(server) -> None:
 
 @pytest.mark.parametrize("flags, message", [
     (["--theta", "1.5"], "theta"),
-    (["--queue-size", "-1"], "queue size"),
+    (["--queue-size", "-1"], "argument --queue-size: must be >= 0, got -1"),
     (["--request-timeout", "0"], "request timeout"),
-    (["--port", "70000"], "port"),
+    (["--port", "70000"], "argument --port: must be in [0, 65535], got 70000"),
+    (["--parallel", "0"], "--parallel must be a whole number in [1, 64], got 0"),
 ])
 def test_cli_serve_bad_flags_exit_2(flags, message, capsys) -> None:
-    assert main(["serve", "--target", "smollm2-135m-instruct", *flags]) == 2
+    try:
+        code = main(["serve", "--target", "smollm2-135m-instruct", *flags])
+    except SystemExit as exc:  # argparse's own errors (a flag's type) exit from the parser
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
 

@@ -13,9 +13,10 @@ The names here are the public surface; they live in :mod:`nsd.engine` (the engin
 from __future__ import annotations
 
 from nsd.engine import CHAT_ROLES, Engine
-from nsd.generation import GenerationConfig, GenerationResult
+from nsd.generation import GenerationConfig, GenerationResult, method_report
 from nsd.models.loader import BACKENDS, BackendOptions, LoadedModel, llama_available, load_backend, pick_format
 from nsd.options import METHODS
 
 __all__ = ["BACKENDS", "BackendOptions", "CHAT_ROLES", "Engine", "GenerationConfig", "GenerationResult",
-           "LoadedModel", "METHODS", "llama_available", "load_backend", "pick_format"]
+           "LoadedModel", "METHODS", "llama_available", "load_backend", "method_report",
+           "pick_format"]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend
+from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
@@ -102,6 +103,22 @@ def _filler(vocab: int, n: int) -> list[int]:
     return [(100 + 7919 * i) % min(vocab, 20000) for i in range(n)]
 
 
+def fitting_context(backends: Sequence[Any], want: int, extra: int) -> int:
+    """Cached tokens to measure after: ``want``, or fewer where a backend's context (llama.cpp's
+    ``n_ctx``, transformers' ``max_positions``) leaves no room for ``extra`` more. A small
+    ``--n-ctx`` then measures a short context instead of failing on a sequence the user
+    never asked for. Raises :class:`NSDError` where not even one cached token fits."""
+    room = min((getattr(b, attr) for b in backends for attr in ("n_ctx", "max_positions")
+                if isinstance(getattr(b, attr, None), int)), default=None)
+    if room is None or room - extra >= want:
+        return want
+    if room - extra < 1:
+        raise NSDError(f"a context of {room} tokens leaves no room to measure forwards of "
+                       f"{extra} tokens for -k auto: give a fixed -k, a smaller --k-max, or a "
+                       "larger --n-ctx")
+    return room - extra
+
+
 def _prime(backend: ModelBackend, ids: list[int], context: int) -> None:
     """Cache ``ids[:context]`` and run one untimed step after it (lazy allocations, caches)."""
     backend.reset()
@@ -170,7 +187,9 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
     measured side by side and cached like :func:`calibrate` (keyed by every candidate's key;
     provisionally when the machine is busy)."""
     names = list(candidates)
-    key = {"compare": [dict(calibration_key(b, f, 1), name=n) for n, (b, f) in candidates.items()],
+    context = fitting_context([b for b, _ in candidates.values()], CONTEXT_TOKENS, n_tokens)
+    key = {"compare": [dict(calibration_key(b, f, 1, context), name=n)
+                       for n, (b, f) in candidates.items()],
            "repeats": COMPARE_REPEATS}
     if n_tokens != 1:  # one-token comparisons keep the key they were cached under
         key["n_tokens"] = n_tokens
@@ -180,7 +199,8 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
         return {n: float(cached[n]) for n in names} if set(cached) == set(names) else None
 
     def measure() -> dict[str, float]:
-        measured = measure_side_by_side([candidates[n][0] for n in names], n_tokens=n_tokens)
+        measured = measure_side_by_side([candidates[n][0] for n in names], context,
+                                        n_tokens=n_tokens)
         return dict(zip(names, measured))
 
     return _measured_once(
@@ -303,9 +323,10 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
                       ) -> tuple[tuple[float, ...], ...]:
     """:func:`measure_batched`, cached like :func:`calibrate` for a model from a file (and,
     like it, provisionally when other processes kept the cores busy)."""
+    context = fitting_context([backend], BATCH_CONTEXT, max(widths))
     if model_file is None:
-        return measure_batched(backend, seqs, widths)
-    key = dict(calibration_key(backend, model_file, max(widths), BATCH_CONTEXT),
+        return measure_batched(backend, seqs, widths, context)
+    key = dict(calibration_key(backend, model_file, max(widths), context),
                seqs=list(seqs), widths=list(widths), order="batched")
 
     def read(cached: Any) -> tuple[tuple[float, ...], ...] | None:
@@ -314,7 +335,7 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
 
     return _measured_once(
         _cache_path(Path(model_file).stem + "-batched", key), key, read,
-        lambda: measure_batched(backend, seqs, widths), None if quiet else
+        lambda: measure_batched(backend, seqs, widths, context), None if quiet else
         f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)",
         busy="the batched forward costs")[0]
 
@@ -337,15 +358,16 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
     """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
     cache when this machine has measured them before (see :func:`_measured_once` for a
     busy machine)."""
+    context = fitting_context([backend], CONTEXT_TOKENS, n_max)
     # "order": how the sizes are timed (see measure()); costs timed the old way are stale.
-    key = dict(calibration_key(backend, model_file, n_max), order=MEASURE_ORDER)
+    key = dict(calibration_key(backend, model_file, n_max, context), order=MEASURE_ORDER)
 
     def read(cached: Any) -> tuple[float, ...] | None:
         return tuple(float(c) for c in cached) if len(cached) == n_max else None
 
     costs, from_cache = _measured_once(
         _cache_path(Path(model_file).stem, key), key, None if refresh else read,
-        lambda: list(measure(backend, n_max)), None if quiet else
+        lambda: list(measure(backend, n_max, context)), None if quiet else
         f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
         busy="the step costs")
     return Calibration(tuple(costs), key, cached=from_cache)

@@ -15,8 +15,22 @@ from typing import NoReturn, Sequence
 
 from nsd import options as optspec
 from nsd.cli_args import (add_decoding_args, add_model_args, add_options, backend_options,
-                          generation_config, note_unused)
+                          check_flags, generation_config, note_unused)
 from nsd.errors import NSDError
+
+
+def _int_in(low: int, high: int | None = None):
+    """An argparse type: a whole number in [low, high], so a bad value names its flag."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
 
 
 def _float_arg(text: str) -> float:
@@ -94,7 +108,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk)
             sys.stdout.flush()
     if args.json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        from nsd.api import method_report
+
+        # The server's usage.nsd shape: the method asked for, and the one that ran.
+        out = result.to_dict()
+        out["stats"].update(method_report(config, result.stats.method))
+        print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         print(summary_line(result.stats), file=sys.stderr)
@@ -105,6 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from nsd.serve import ServerConfig, run_server
     from nsd.serve.server import default_model_name
 
+    check_flags(args, optspec.SERVING)  # range errors name the flag (--parallel), not the field
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise NSDError("--served-model-name is empty: give the name clients will send, or leave "
+                       "the flag out to serve the target's name")
     config = ServerConfig(
         model_name=args.served_model_name or default_model_name(args.target),
         defaults=generation_config(args), host=args.host, port=args.port, api_key=args.api_key,
@@ -190,14 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(srv)
     add_decoding_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--port", type=_int_in(0, 65535), default=8000,
+                     help="0 picks a free port (default: 8000)")
     srv.add_argument("--api-key", default=os.environ.get("NSD_API_KEY"),
                      help="require 'Authorization: Bearer KEY' (default: $NSD_API_KEY, else none)")
     srv.add_argument("--served-model-name", default=None,
                      help="the id clients send as 'model' (default: the --target name)")
     add_options(srv, optspec.SERVING)
-    srv.add_argument("--queue-size", type=int, default=16,
-                     help="requests that may wait behind the running ones; more get 429")
+    srv.add_argument("--queue-size", type=_int_in(0), default=16,
+                     help="requests that may wait behind the running ones; more get 429 (default: 16)")
     srv.add_argument("--request-timeout", type=_float_arg, default=600.0, metavar="S",
                      help="seconds from arrival to the last token, queueing included")
     srv.add_argument("--shutdown-timeout", type=_float_arg, default=30.0, metavar="S",
@@ -210,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     mod = sub.add_parser("models", help="list, fetch or verify the registry models")
-    msub = mod.add_subparsers(dest="models_cmd", required=True)
+    msub = mod.add_subparsers(dest="models_cmd", required=True, metavar="{list,fetch,verify}")
     msub.add_parser("list", help="registry models and whether they are in the cache")
     fetch = msub.add_parser("fetch", help="download, join and hash-check models")
     fetch.add_argument("names", nargs="+")

@@ -94,8 +94,11 @@ def generation_config(args: argparse.Namespace, **overrides: Any):
     """The validated :class:`~nsd.api.GenerationConfig` of parsed flags (before any model
     loads, so a bad value fails fast)."""
     from nsd.api import GenerationConfig
+    from nsd.errors import NSDError
 
-    _check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
+    check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
+    if "" in (getattr(args, "stop", None) or []):
+        raise NSDError("--stop takes a non-empty string: an empty one would stop nothing")
     return GenerationConfig.from_mapping(vars(args), **overrides)
 
 
@@ -108,14 +111,21 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
         if option.acts_on(methods) or value is None or value == option.default:
             continue
         given = "/".join(filter(None, (option.short, option.flag)))
-        print(f"nsd: {given} {value} does nothing with {flag} {','.join(methods)} (it acts on "
+        if option.type is not bool:  # a switch is named alone: "--smooth", not "--smooth True"
+            given = f"{given} {value}"
+        print(f"nsd: {given} does nothing with {flag} {','.join(methods)} (it acts on "
               f"{', '.join(option.methods)})", file=sys.stderr)
+    k_max = getattr(args, "k_max", None)
+    if (k_max not in (None, optspec.default("k_max")) and optspec.ALL["k_max"].acts_on(methods)
+            and not optspec.k_max_acts(getattr(args, "k", "auto"), getattr(args, "adaptive_k", False))):
+        print(f"nsd: --k-max {k_max} does nothing with a fixed -k {args.k} (it bounds -k auto "
+              "and --adaptive-k)", file=sys.stderr)
 
 
 def backend_options(args: argparse.Namespace):
     from nsd.api import BackendOptions
 
-    _check_flags(args, optspec.BACKEND)
+    check_flags(args, optspec.BACKEND)
     _warn_threads(getattr(args, "threads", None), os.cpu_count() or 1)
     return BackendOptions.from_mapping(vars(args))
 
@@ -127,10 +137,11 @@ def _warn_threads(threads: int | None, cores: int) -> None:
               "threads than cores", file=sys.stderr)
 
 
-def _check_flags(args: argparse.Namespace, names: Iterable[str]) -> None:
-    """Range errors name the flag as typed (``--top-p``), not the field."""
-    for name in names:
+def check_flags(args: argparse.Namespace, names: Mapping[str, Option] | Iterable[str]) -> None:
+    """Range errors name the flag as typed (``--top-p``), not the field. ``names``: a group
+    of :mod:`nsd.options` (``optspec.SERVING``) or names of :data:`nsd.options.ALL`."""
+    group = names if isinstance(names, Mapping) else {n: optspec.ALL[n] for n in names}
+    for name, option in group.items():
         value = getattr(args, name, None)
-        option = optspec.ALL[name]
         if value is not None and not isinstance(value, list):  # bench's θ/B lists: per value
             option.check(value, label="/".join(filter(None, (option.short, option.flag))))

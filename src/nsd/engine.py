@@ -75,6 +75,9 @@ class Engine:
                             draft if draft in REGISTRY else None)
         if proposer in NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
+        elif (draft_vocab if draft_vocab is not None else options.draft_vocab) != "auto":
+            raise NSDError("--draft-vocab sets the draft model's vocabulary; without a draft model "
+                           f"(the {proposer} proposer) it would change nothing")
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         # With --weights auto its file is chosen for verifying too: a block of
         # _PICK_K drafts at the acceptance prior -k auto starts from.

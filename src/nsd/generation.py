@@ -8,6 +8,7 @@ is the text, the token ids and the statistics.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -124,3 +125,21 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return {"text": self.text, "stats": self.stats.to_dict()}
+
+
+def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
+    """The method as requested, with the knobs that shape it, and the method that ran.
+
+    The library names a run by what it did: a rule that cannot relax (θ = 0, budget 0,
+    cap 0) verifies exactly, so it is ``sd``. A client that asked for ``nsd`` with budget 0
+    would then read ``sd`` back and not know why; it gets ``method: nsd`` (as asked, and the
+    label of its metrics), ``budget: 0`` and ``effective_method: sd``.
+    """
+    out: dict[str, Any] = {"method": config.method, "effective_method": effective}
+    if config.method == "nsd":
+        out["theta"] = config.theta
+    if config.method in ("nsd", "typical"):
+        # JSON has no infinity: an unlimited budget or cap is null.
+        out["budget"] = None if math.isinf(config.budget) else config.budget
+        out["cap"] = None if math.isinf(config.cap) else config.cap
+    return out

@@ -118,6 +118,12 @@ class Option:
         return value
 
 
+def k_max_acts(k: int | str, adaptive_k: bool) -> bool:
+    """Whether ``k_max`` changes anything: it bounds ``-k auto`` and ``--adaptive-k``; a
+    fixed k without ``--adaptive-k`` drafts exactly k."""
+    return k == "auto" or bool(adaptive_k)
+
+
 def _opts(*options: Option) -> dict[str, Option]:
     return {o.name: o for o in options}
 

@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend
-from nsd.calibrate import Calibration, calibrate, calibrate_batched, compare_step_costs, measure
+from nsd.calibrate import (CONTEXT_TOKENS, Calibration, calibrate, calibrate_batched,
+                           compare_step_costs, fitting_context, measure)
 from nsd.errors import NSDError
 from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft, open_reduced_draft
 from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
@@ -79,7 +80,8 @@ class LoadedModel:
         """``c(1..n_max)`` for this backend on this machine (measured once, cached)."""
         if self.calibration is None or len(self.calibration.costs) < n_max:
             if self.file is None:
-                self.calibration = Calibration(measure(self.backend, n_max), {}, cached=False)
+                context = fitting_context([self.backend], CONTEXT_TOKENS, n_max)
+                self.calibration = Calibration(measure(self.backend, n_max, context), {}, cached=False)
             else:
                 self.calibration = calibrate(self.backend, self.file, n_max)
         return self.calibration.costs[:n_max]
@@ -158,6 +160,9 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
         if options.compile != "none":  # a flag that would change nothing is a mistake to say
             raise NSDError(f"--compile {options.compile} is for the transformers backend (--backend hf); "
                            "the llama.cpp backend runs its own compiled kernels")
+        if options.dtype != "auto":
+            raise NSDError(f"--dtype {options.dtype} is for the transformers backend (--backend hf); "
+                           "on llama.cpp the GGUF's format decides (see --weights)")
         if resolved.gguf_path is None:
             raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
                            "folder (use --backend hf)")

@@ -23,7 +23,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       field_validator)
 
 from nsd import options as optspec
-from nsd.api import GenerationConfig, GenerationResult
+from nsd.api import GenerationConfig, GenerationResult, method_report
 from nsd.generation import TokenInfo
 from nsd.errors import NSDError
 
@@ -441,7 +441,7 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     try:
         config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
         if request.nsd is not None:
-            _check_applies(request.nsd.model_dump(exclude_none=True), config.method)
+            _check_applies(request.nsd.model_dump(exclude_none=True), config)
         if check is not None:
             check(config)
     except (NSDError, TypeError, ValueError) as exc:
@@ -455,14 +455,19 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     return config
 
 
-def _check_applies(given: dict[str, Any], method: str) -> None:
+def _check_applies(given: dict[str, Any], config: GenerationConfig) -> None:
     """A rule or draft-length field of the ``nsd`` object that acts on other methods than
-    the request's (``theta`` with method ``sd``) would change nothing: refused, not ignored."""
+    the request's (``theta`` with method ``sd``), or ``k_max`` with a fixed k, would change
+    nothing: refused, not ignored."""
+    method = config.method
     for name, value in given.items():
         option = optspec.ALL[name]
         if not option.acts_on([method]):
             raise NSDError(f"{name} {value!r} does nothing with method {method} (it acts on "
                            f"{', '.join(option.methods)}); leave it out or choose one of those methods")
+    if "k_max" in given and not optspec.k_max_acts(config.k, config.adaptive_k):
+        raise NSDError(f"k_max {given['k_max']!r} does nothing with a fixed k ({config.k}): it "
+                       "bounds k auto and adaptive_k; leave it out or set k to auto")
 
 
 # ----------------------------------------------------------------------------- responses
@@ -477,24 +482,6 @@ def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
             "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
-
-
-def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
-    """The method as requested, with the knobs that shape it, and the method that ran.
-
-    The library names a run by what it did: a rule that cannot relax (θ = 0, budget 0,
-    cap 0) verifies exactly, so it is ``sd``. A client that asked for ``nsd`` with budget 0
-    would then read ``sd`` back and not know why; it gets ``method: nsd`` (as asked, and the
-    label of its metrics), ``budget: 0`` and ``effective_method: sd``.
-    """
-    out: dict[str, Any] = {"method": config.method, "effective_method": effective}
-    if config.method == "nsd":
-        out["theta"] = config.theta
-    if config.method in ("nsd", "typical"):
-        # JSON has no infinity: an unlimited budget or cap is null.
-        out["budget"] = None if math.isinf(config.budget) else config.budget
-        out["cap"] = None if math.isinf(config.cap) else config.cap
-    return out
 
 
 class ResponseBuilder:
