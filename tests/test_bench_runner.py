@@ -189,6 +189,22 @@ def test_report_and_plots(tmp_path: Path) -> None:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_peer_without_draft_timings_reports_after_a_resume(tmp_path: Path) -> None:
+    # transformers' peers time no draft or prefill part: NaN, stored as null in the
+    # journal. A report built from the journal (a resumed run) summed them and failed.
+    records = BenchRunner(fake_engine(), CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    for r in records:
+        if r["method"] == "ar":
+            r["stats"].update(propose_s=math.nan, prefill_s=math.nan, overhead_per_pass_s=math.nan)
+    back = [json.loads(json.dumps(jsonable(r))) for r in records]
+    assert any(r["stats"]["propose_s"] is None for r in back)
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 12, "temperature": 0.0, "k": 4}}
+    summary, _ = write_report(tmp_path / "report", back, METHODS, settings, max_other_cpu=0.25)
+    rows = {r["method"]: r for r in summary}
+    assert math.isnan(rows["ar"]["draft_s_per_pass"]) and rows["sd/draft"]["draft_s_per_pass"] >= 0
+
+
 def test_weight_formats_are_recorded_per_call(tmp_path: Path) -> None:
     engine = fake_engine()
     engine.target_model.weights, engine.draft_model.weights = "original", "q4_0"

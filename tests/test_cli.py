@@ -262,3 +262,39 @@ def test_generate_json_reports_the_method_asked_for_and_the_one_that_ran(monkeyp
         stats = json.loads(capsys.readouterr().out)["stats"]
         assert (stats["method"], stats["effective_method"], stats["theta"]) == ("nsd", ran, 0.9)
         assert stats["budget"] == (0.0 if flags else None)
+
+
+def test_transformers_flags_reach_only_the_model_on_transformers(monkeypatch) -> None:
+    # A transformers target beside a llama.cpp draft takes --dtype; the draft is loaded
+    # without it. Where neither model runs on transformers it is refused before any load.
+    from types import SimpleNamespace
+
+    import nsd.engine as eng
+    from mock import CharTokenizer, MockLM
+    from nsd.api import BackendOptions, Engine
+    from nsd.errors import NSDError
+
+    seen: dict[str, tuple[str, str]] = {}
+
+    class Loaded(Exception):
+        pass
+
+    def load(model, options, *args, **kwargs):
+        seen[model] = (options.dtype, options.compile)
+        if model == "D":
+            raise Loaded
+        return SimpleNamespace(backend=MockLM(), tokenizer_dir="t")
+
+    monkeypatch.setattr(eng, "resolve_model", lambda model: None)
+    monkeypatch.setattr(eng, "load_backend", load)
+    monkeypatch.setattr(eng, "load_tokenizer", lambda folder: CharTokenizer())
+    options = BackendOptions(dtype="float32", compile="torch")
+    monkeypatch.setattr(eng, "backend_kind", lambda model, o: "hf" if model == "T" else "llama")
+    with pytest.raises(Loaded):
+        Engine("T", draft="D", proposer="draft", options=options)
+    assert seen == {"T": ("float32", "torch"), "D": ("auto", "none")}
+    seen.clear()
+    monkeypatch.setattr(eng, "backend_kind", lambda model, o: "llama")
+    with pytest.raises(NSDError, match="--compile torch is for the transformers backend"):
+        Engine("T", draft="D", proposer="draft", options=options)
+    assert seen == {}

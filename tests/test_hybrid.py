@@ -213,3 +213,22 @@ def test_with_a_fixed_k_lookup_drafts_only_after_a_long_match() -> None:
     assert stats.lookup_blocks > 0  # the prompt's repeats give 3-token matches
     assert stats.lookup_blocks <= sum(m >= FIXED_K_MIN_MATCH for m in matches)
     assert stats.lookup_blocks < stats.target_passes
+
+
+def test_a_fixed_k_longer_than_k_max_still_lets_lookup_draft() -> None:
+    """k_max bounds -k auto and adaptive k; a fixed k is its own bound. Lookup offered at
+    most k_max tokens, so a fixed k above k_max never got a lookup block (and a larger
+    k_max, which the CLI and the server call unused beside a fixed k, changed that)."""
+    target = MockLM(seed=1, sharpness=8.0)
+    greedy = SamplingConfig()
+    base = [1, 2, 3]
+    first, _ = run_to_end(decode(target, base, DecodeConfig(speculative=False, sampling=greedy,
+                                                            max_new_tokens=40)))
+    prompt = base + first + base  # the target's own continuation repeats: long matches
+    runs = []
+    for k_max in (4, 16):
+        hybrid = HybridProposer(DraftModelProposer(MockLM(seed=2), greedy), NgramProposer())
+        tokens, stats = run_to_end(decode(target, prompt, DecodeConfig(
+            sampling=greedy, k=6, k_max=k_max, max_new_tokens=30), hybrid))
+        runs.append((tokens, stats.lookup_blocks, stats.target_passes))
+    assert runs[0] == runs[1] and runs[0][1] > 0

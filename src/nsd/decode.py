@@ -282,10 +282,13 @@ def decode(
         begin(len(prompt_ids))
     want_logprobs = config.logprobs is not None and logprob_sink is not None
     stop_reason = "length"
+    # The longest block the policy can ask for: k_max bounds -k auto and adaptive k; a fixed
+    # k is its own bound (so lookup can cover a fixed block longer than k_max).
+    longest = config.k_max if config.auto_k or config.adaptive_k else config.k
 
     while len(generated) < config.max_new_tokens:
         remaining = config.max_new_tokens - len(generated)
-        free, match = free_length(context, min(config.k_max, remaining - 1)) if free_length \
+        free, match = free_length(context, min(longest, remaining - 1)) if free_length \
             else (0, 0)
         if not config.speculative:
             k, from_lookup = 0, False

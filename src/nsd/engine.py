@@ -7,6 +7,7 @@ generation asks for, runs :func:`nsd.decode.decode` and turns tokens into stream
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from typing import Any, Generator, Mapping, Sequence
 
@@ -24,7 +25,8 @@ from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.draft_vocab import VocabMap
-from nsd.models.loader import BackendOptions, LoadedModel, load_backend, load_tokenizer
+from nsd.models.loader import (BackendOptions, LoadedModel, backend_kind, check_transformers_flags,
+                               load_backend, load_tokenizer)
 from nsd.models.registry import REGISTRY, resolve_model
 from nsd.prefix_cache import PrefixCache
 from nsd.priors import AcceptancePriors, lookup_measured, stored_priors
@@ -76,13 +78,26 @@ class Engine:
         if proposer in NEEDS_DRAFT:
             resolve_model(draft)  # a damaged draft is reported before the target's slow load
         elif (draft_vocab if draft_vocab is not None else options.draft_vocab) != "auto":
-            raise NSDError("--draft-vocab sets the draft model's vocabulary; without a draft model "
-                           f"(the {proposer} proposer) it would change nothing")
+            why = f"the {proposer} proposer drafts without it" if draft else "no draft model is given"
+            raise NSDError(f"--draft-vocab sets the draft model's vocabulary, and {why}: it "
+                           "would change nothing")
+        # --compile and --dtype act on transformers only: refused before any load where no
+        # model of the pair runs there, and passed only to the one that does (a transformers
+        # target beside a llama.cpp draft takes them; the draft ignores them).
+        kinds = {m: backend_kind(m, options)
+                 for m in ([target, draft] if proposer in NEEDS_DRAFT else [target])}
+        check_transformers_flags(list(kinds.values()), options)
+        plain = dataclasses.replace(options, compile="none", dtype="auto")
+
+        def options_for(model: str) -> BackendOptions:
+            return options if kinds[model] == "hf" else plain
+
         # The target's costs are measured up to k_max + 1 tokens at once (verification).
         # With --weights auto its file is chosen for verifying too: a block of
         # _PICK_K drafts at the acceptance prior -k auto starts from.
         verify = (_PICK_K + 1, expected_tokens([AcceptanceTracker.prior] * _PICK_K, _PICK_K))
-        self.target_model = load_backend(target, options, calibrate_n=k_max + 1, verify=verify)
+        self.target_model = load_backend(target, options_for(target), calibrate_n=k_max + 1,
+                                         verify=verify)
         self.target = self.target_model.backend
         self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)
         self.draft_model: LoadedModel | None = None
@@ -91,7 +106,7 @@ class Engine:
         if proposer in NEEDS_DRAFT:
             # draft_vocab overrides options.draft_vocab (N, 0 for the full vocabulary, auto).
             vocab = options.draft_vocab if draft_vocab is None else draft_vocab
-            self.draft_model = load_backend(draft, options, vocab,
+            self.draft_model = load_backend(draft, options_for(draft), vocab,
                                             weights=options.draft_weights or options.weights)
             self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
             _check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_model.tokenizer_dir),

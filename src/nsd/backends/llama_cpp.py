@@ -209,7 +209,8 @@ class LlamaCppBackend:
         self._n_ctx = min(n_ctx, int(lib.llama_n_ctx(self._ctx)) // n_seq)
         self._n_seq = n_seq
         self._cached = [0] * n_seq  # positions each sequence's cache holds
-        # The ids whose KV each sequence holds (-1: a position fed as an embedding).
+        # The ids whose KV each sequence holds (-1: a position fed as an embedding without
+        # the id it stands for).
         self._seq_tokens: list[list[int]] = [[] for _ in range(n_seq)]
 
     def set_sequences(self, n_seq: int) -> None:

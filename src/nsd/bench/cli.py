@@ -244,6 +244,8 @@ def _engine(args: argparse.Namespace, draft: bool):
     switches between it and n-gram lookup per call."""
     from nsd.api import Engine
 
+    # Without a draft loaded, --draft-vocab has nothing to act on; it stays in the run's
+    # settings all the same, so a resumed run may add or drop drafting methods.
     return Engine(args.target, draft=args.draft if draft else None,
                   proposer=optspec.default_proposer(draft), options=backend_options(args),
-                  k_max=args.k_max)
+                  k_max=args.k_max, draft_vocab=None if draft else "auto")

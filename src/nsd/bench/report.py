@@ -78,13 +78,22 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
             "predicted_tokens_per_s_median": aggregate.median(
                 s["predicted_tokens_per_s"] for s in stats if s.get("predicted_tokens_per_s")),
             "decode_tokens_per_s_median": aggregate.median(s["decode_tokens_per_s"] for s in stats),
-            "draft_s_per_pass": _ratio(sum(s["propose_s"] for s in stats), sum(s["target_passes"] for s in stats)),
-            "target_s_per_pass": _ratio(sum(s["target_s"] for s in stats), sum(s["target_passes"] for s in stats)),
+            "draft_s_per_pass": _ratio(_total(s["propose_s"] for s in stats),
+                                       sum(s["target_passes"] for s in stats)),
+            "target_s_per_pass": _ratio(_total(s["target_s"] for s in stats),
+                                        sum(s["target_passes"] for s in stats)),
             "overhead_s_per_pass": aggregate.mean(s["overhead_per_pass_s"] for s in stats),
             "loaded_calls": sum(bool(r["load"]["flagged"]) for r in rs),
             "other_cpu_mean": aggregate.mean(r["load"]["other_cpu"] for r in rs),
         })
     return rows
+
+
+def _total(values: Iterable[float | None]) -> float:
+    """A sum of timings, undefined (NaN) where any is: a peer that does not time a part
+    records NaN, which the journal's JSON stores as null."""
+    values = list(values)
+    return sum(values) if all(aggregate.defined(v) for v in values) else math.nan
 
 
 def _ratio(a: float, b: float) -> float:

@@ -132,6 +132,31 @@ def keeps_reduced_head(costs: Mapping[str, float]) -> bool:
     return costs["reduced"] <= costs["full"] * (1.0 - _AUTO_VOCAB_MARGIN)
 
 
+def backend_kind(model: str, options: BackendOptions) -> str:
+    """``llama`` or ``hf``: the backend ``options.backend`` gives ``model`` (``auto``:
+    llama.cpp for a GGUF on the CPU when it is installed, else transformers)."""
+    if options.backend != "auto":
+        return options.backend
+    from nsd.backends.hf import resolve_device
+
+    on_cpu = resolve_device(options.device).type == "cpu"
+    gguf = resolve_model(model).gguf_path is not None
+    return "llama" if gguf and llama_available() and on_cpu else "hf"
+
+
+def check_transformers_flags(kinds: Sequence[str], options: BackendOptions) -> None:
+    """Refuse --compile and --dtype where no model runs on transformers: they would change
+    nothing (llama.cpp runs its own kernels on the GGUF's format)."""
+    if "hf" in kinds:
+        return
+    if options.compile != "none":
+        raise NSDError(f"--compile {options.compile} is for the transformers backend (--backend hf); "
+                       "the llama.cpp backend runs its own compiled kernels")
+    if options.dtype != "auto":
+        raise NSDError(f"--dtype {options.dtype} is for the transformers backend (--backend hf); "
+                       "on llama.cpp the GGUF's format decides (see --weights)")
+
+
 def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str | None = None,
                  weights: str | None = None, calibrate_n: int = 2,
                  verify: tuple[int, float] | None = None) -> LoadedModel:
@@ -147,22 +172,14 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
     if auto_vocab or not reduced_vocab:
         reduced_vocab = None
     resolved = resolve_model(model)
-    backend = options.backend
-    if backend == "auto":
-        from nsd.backends.hf import resolve_device
-
-        on_cpu = resolve_device(options.device).type == "cpu"
-        backend = "llama" if resolved.gguf_path is not None and llama_available() and on_cpu else "hf"
+    backend = backend_kind(model, options)
     if reduced_vocab is not None and backend != "llama":
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
     if backend == "llama":
-        if options.compile != "none":  # a flag that would change nothing is a mistake to say
-            raise NSDError(f"--compile {options.compile} is for the transformers backend (--backend hf); "
-                           "the llama.cpp backend runs its own compiled kernels")
-        if options.dtype != "auto":
-            raise NSDError(f"--dtype {options.dtype} is for the transformers backend (--backend hf); "
-                           "on llama.cpp the GGUF's format decides (see --weights)")
+        # A flag that would change nothing is a mistake to say (an Engine checks its pair
+        # as a whole first, and passes these flags only to a model on transformers).
+        check_transformers_flags([backend], options)
         if resolved.gguf_path is None:
             raise NSDError(f"the llama.cpp backend needs a GGUF file; {model} is a Hugging Face "
                            "folder (use --backend hf)")
