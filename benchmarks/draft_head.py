@@ -159,7 +159,9 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
 
     options = BackendOptions(threads=args.threads, weights=args.weights, draft_weights=args.draft_weights)
-    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options)
+    # The engine's own draft is the full one (draft_vocab 0: since --draft-vocab auto became
+    # the default it would otherwise be a reduced one already); the reduced ones are built here.
+    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options, draft_vocab=0)
     drafts = load_drafts(engine, args, options)
     engine.target_model.step_costs(GenerationConfig().k_max + 1)
     prompts = PROMPTS[:args.prompts]
