@@ -87,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--theta", type=float, default=0.9)
     p.add_argument("--n-ctx", type=int, default=1024)
+    p.add_argument("--backend", default="auto", choices=("auto", "llama", "hf"),
+                   help="hf: the transformers float32 backend, where a wider forward costs "
+                        "little more than a narrow one on a CPU (its weights' reads dominate)")
     p.add_argument("--json", help="write the rows here (atomically)")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     engine = Engine(args.target, args.draft, proposer=args.proposer,
-                    options=BackendOptions(n_ctx=args.n_ctx))
+                    options=BackendOptions(n_ctx=args.n_ctx, backend=args.backend))
     slots, batcher = engine.batched(max(levels))
     planner = slots[0]._joint
     if planner is None:
