@@ -46,8 +46,12 @@ def test_warm_prefix_gives_the_tokens_of_a_cold_cache(method: str, temperature: 
     assert plain.generate(second_prompt, config).stats.cached_prompt_tokens == 0
     # The prefill fed only the new part of the prompt (3 tokens + the answer's last one).
     assert fed_second < cold.target.fed_tokens - len(second_prompt) + 10
-    if method != "ar":  # the draft's cache was reused too
+    if method != "ar":  # the draft's cache was reused too, and counted
         assert warm.draft.fed_tokens - d_fed < cold.draft.fed_tokens - len(second_prompt) + 10
+        counted = warm.prefix_cache.stats()["draft_reused_tokens"]
+        assert counted >= again.stats.cached_prompt_tokens - 1 and counted <= len(second_prompt)
+    else:
+        assert warm.prefix_cache.stats()["draft_reused_tokens"] == 0  # no draft ran
 
 
 def test_a_backend_that_does_not_say_what_it_holds_is_reset() -> None:

@@ -422,7 +422,8 @@ class Engine:
         infos: list[TokenInfo] = []
         sent = 0  # infos handed out in chunks
         policy = self.k_policy(decode_config)
-        gen = decode(self.target, list(prompt_ids), decode_config, self.make_proposer(decode_config),
+        proposer = self.make_proposer(decode_config)
+        gen = decode(self.target, list(prompt_ids), decode_config, proposer,
                      self.eos_token_ids, stop_check, policy, sink, reuse_cache=cache is not None)
         if policy is not None and policy.joint is not None:
             policy.join(len(prompt_ids), decode_config.max_new_tokens)
@@ -435,7 +436,8 @@ class Engine:
             except StopIteration as done:
                 stats: DecodeStats = done.value
                 if cache is not None:
-                    cache.record(stats.prompt_tokens, stats.cached_prompt_tokens)
+                    cache.record(stats.prompt_tokens, stats.cached_prompt_tokens,
+                                 getattr(proposer, "reused_tokens", None))
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.

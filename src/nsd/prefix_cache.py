@@ -71,6 +71,7 @@ class PrefixCache:
         self.hits = 0  # generations that reused at least one prompt token
         self.misses = 0
         self.reused_tokens = 0  # prompt tokens not prefilled again
+        self.draft_reused_tokens = 0  # context tokens the draft model did not read again
         self.prompt_tokens = 0
         self.restores = 0  # saved snapshots loaded back into the model
         self.saves = 0
@@ -107,11 +108,13 @@ class PrefixCache:
             self._save_live(target, draft)  # the prefill is about to cut it back
         return live_keep
 
-    def record(self, prompt_tokens: int, reused: int) -> None:
-        """Count a generation's reuse (its statistics' ``cached_prompt_tokens``)."""
+    def record(self, prompt_tokens: int, reused: int, draft_reused: int | None = None) -> None:
+        """Count a generation's reuse (its statistics' ``cached_prompt_tokens``, and the
+        tokens its draft model found in its own cache when it first drafted, if it did)."""
         with self._lock:
             self.prompt_tokens += prompt_tokens
             self.reused_tokens += reused
+            self.draft_reused_tokens += draft_reused or 0
             if reused:
                 self.hits += 1
             else:
@@ -161,6 +164,7 @@ class PrefixCache:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "reused_tokens": self.reused_tokens,
+                    "draft_reused_tokens": self.draft_reused_tokens,
                     "prompt_tokens": self.prompt_tokens, "restores": self.restores,
                     "saves": self.saves, "evictions": self.evictions,
                     "bytes_held": self.bytes_held, "entries": len(self._entries),

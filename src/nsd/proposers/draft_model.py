@@ -45,6 +45,8 @@ class DraftModelProposer:
         # its cache records those ids, so it is reused the same way.
         held = cached_tokens(backend) if reuse_cache else None
         self._fed: list[int] = list(held) if held is not None else []
+        # Context tokens the first block found in the draft's cache (not read again).
+        self.reused_tokens: int | None = None
         self._prompt_length = 0  # generated tokens start here (for the penalties)
         # The logit adjustments need target token ids; a reduced-vocabulary draft skips them
         # (q is still the distribution it drew from, so verification stays exact).
@@ -63,6 +65,8 @@ class DraftModelProposer:
         # Sync the draft cache with the context: keep the common prefix, feed the rest.
         # At least the last context token is (re)fed, because we need its logits.
         keep = min(common_prefix_length(self._fed, context), len(context) - 1)
+        if self.reused_tokens is None:
+            self.reused_tokens = keep
         self.backend.rewind(keep)
         # A reduced-vocabulary draft takes full-vocabulary ids too (it is fed their input
         # embeddings), so the context and the drafted tokens go in as they are.

@@ -36,6 +36,11 @@ class HybridProposer:
         self.lookup = lookup
         self._cached: tuple[int, int, Proposal] | None = None  # (context length, n, proposal)
 
+    @property
+    def reused_tokens(self) -> int | None:
+        """The draft model's (see :class:`DraftModelProposer`); None until it drafts."""
+        return self.draft.reused_tokens
+
     def begin(self, prompt_length: int) -> None:
         """Where the generated tokens start (the draft model's penalties count only those)."""
         self.draft.begin(prompt_length)

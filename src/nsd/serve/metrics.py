@@ -22,6 +22,8 @@ PREFIX_CACHE_METRICS = (
     ("hits", "generations that reused cached KV for part of their prompt", "counter"),
     ("misses", "generations that prefilled their whole prompt", "counter"),
     ("reused_tokens", "prompt tokens whose KV was reused instead of prefilled", "counter"),
+    ("draft_reused_tokens", "context tokens the draft model found in its cache when it first "
+     "drafted, instead of reading them again", "counter"),
     ("prompt_tokens", "prompt tokens of the generations counted by hits and misses", "counter"),
     ("restores", "saved sequences loaded back into the models", "counter"),
     ("saves", "sequences saved (snapshots of the models' KV caches)", "counter"),
