@@ -198,6 +198,9 @@ def test_more_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
         # A flag that cannot act is refused before any model loads (SmolLM2 has no draft).
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--draft-vocab", "1000"],
          "--draft-vocab sets the draft model's vocabulary"),
+        # fetch takes registry names only; every name is checked before any download.
+        (["models", "fetch", "smollm2-135m-instruct", "nosuchmodel"],
+         "unknown model 'nosuchmodel': not a registry name."),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

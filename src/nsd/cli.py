@@ -161,6 +161,11 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"{spec.name:32s} {mark:12s} {spec.description}")
         print(f"cache: {models.cache_dir()}")
     elif args.models_cmd == "fetch":
+        for name in args.names:  # registry models only: a file or folder needs no fetching
+            if name not in models.REGISTRY:
+                from nsd.models.registry import unknown_model_message
+
+                raise NSDError(unknown_model_message(name, paths=False))
         for name in args.names:
             path = models.fetch_gguf(name)
             if args.hf:

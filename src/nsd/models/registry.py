@@ -141,10 +141,14 @@ def _spec(name: str) -> ModelSpec:
         raise NSDError(unknown_model_message(name)) from None
 
 
-def unknown_model_message(name: str) -> str:
+def unknown_model_message(name: str, paths: bool = True) -> str:
+    """``paths``: whether the command also takes a file or folder (``nsd models fetch``
+    fetches registry models only)."""
     known = sorted(REGISTRY)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     hint = f" Did you mean '{close[0]}'?" if close else ""
+    if not paths:
+        return f"unknown model '{name}': not a registry name.{hint} Known models: {', '.join(known)}."
     return (
         f"unknown model '{name}': it is not a registry name and no such file or folder exists.{hint} "
         f"Known models: {', '.join(known)}. You can also pass a path to a .gguf file "
