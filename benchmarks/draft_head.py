@@ -251,9 +251,12 @@ def _print(report: dict) -> None:
     print(f"CPU: {report['cpu']}")
     print("| draft | vocab | MB/token | step ms | top-1 = full | TV(T=1) vs full | full mass outside |")
     print("|---|---|---|---|---|---|---|")
+    def cell(v: dict, key: str) -> str:  # "-": not measured (--skip), or the full draft's own
+        return f"{v[key]:.3f}" if key in v else "-"
+
     for name, v in report["variants"].items():
         print(f"| {name} | {v['vocab']} | {v['bytes_per_token'] / 1e6:.1f} | {v.get('step_ms', float('nan')):.2f} "
-              f"| {v.get('top1_agree', 1.0):.3f} | {v.get('tv_t1', 0.0):.3f} | {v.get('full_mass_outside', 0.0):.3f} |")
+              f"| {cell(v, 'top1_agree')} | {cell(v, 'tv_t1')} | {cell(v, 'full_mass_outside')} |")
     if "runs" not in report:
         return
     ar = {k.split()[0]: v["tok_s"] for k, v in report["runs"].items() if k.endswith(" ar")}

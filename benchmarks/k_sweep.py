@@ -37,7 +37,10 @@ def main() -> None:
     args = ap.parse_args()
 
     options = BackendOptions(threads=args.threads)
-    engines = {"": Engine(args.target, draft=args.draft, proposer="draft", options=options)}
+    # The baseline drafts with the full vocabulary (draft_vocab 0): --draft-vocab auto, the
+    # default, would already reduce the built-in pair's draft.
+    engines = {"": Engine(args.target, draft=args.draft, proposer="draft", options=options,
+                          draft_vocab=0)}
     if args.draft_vocab:
         engines[f"-v{args.draft_vocab}"] = Engine(args.target, draft=args.draft, proposer="draft", options=options,
                                                   draft_vocab=args.draft_vocab)

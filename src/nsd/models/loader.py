@@ -132,15 +132,16 @@ def keeps_reduced_head(costs: Mapping[str, float]) -> bool:
     return costs["reduced"] <= costs["full"] * (1.0 - _AUTO_VOCAB_MARGIN)
 
 
-def backend_kind(model: str, options: BackendOptions) -> str:
+def backend_kind(model: str, options: BackendOptions, resolved: Any = None) -> str:
     """``llama`` or ``hf``: the backend ``options.backend`` gives ``model`` (``auto``:
-    llama.cpp for a GGUF on the CPU when it is installed, else transformers)."""
+    llama.cpp for a GGUF on the CPU when it is installed, else transformers). ``resolved``:
+    the model's :func:`resolve_model`, where the caller has it."""
     if options.backend != "auto":
         return options.backend
     from nsd.backends.hf import resolve_device
 
     on_cpu = resolve_device(options.device).type == "cpu"
-    gguf = resolve_model(model).gguf_path is not None
+    gguf = (resolved or resolve_model(model)).gguf_path is not None
     return "llama" if gguf and llama_available() and on_cpu else "hf"
 
 
@@ -172,7 +173,7 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
     if auto_vocab or not reduced_vocab:
         reduced_vocab = None
     resolved = resolve_model(model)
-    backend = backend_kind(model, options)
+    backend = backend_kind(model, options, resolved)
     if reduced_vocab is not None and backend != "llama":
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
