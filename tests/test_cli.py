@@ -193,6 +193,8 @@ def test_more_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--k-max", "65"], "--k-max"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--stop", ""],
          "--stop takes a non-empty string"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "10", "--k-max", "4",
+          "--adaptive-k"], "--k-max (4) must be >= -k (10) with --adaptive-k"),
         (["serve", "--target", "smollm2-135m-instruct", "--served-model-name", " "],
          "--served-model-name is empty"),
         # A flag that cannot act is refused before any model loads (SmolLM2 has no draft).

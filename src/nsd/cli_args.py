@@ -99,6 +99,10 @@ def generation_config(args: argparse.Namespace, **overrides: Any):
     check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
     if "" in (getattr(args, "stop", None) or []):
         raise NSDError("--stop takes a non-empty string: an empty one would stop nothing")
+    k, k_max = getattr(args, "k", "auto"), getattr(args, "k_max", None)
+    if getattr(args, "adaptive_k", False) and k != "auto" and k_max is not None and k_max < k:
+        # The library says "k_max (4) must be >= k (10)"; here the flags are named.
+        raise NSDError(f"--k-max ({k_max}) must be >= -k ({k}) with --adaptive-k")
     return GenerationConfig.from_mapping(vars(args), **overrides)
 
 
