@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, context_limit
 from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
@@ -108,8 +108,7 @@ def fitting_context(backends: Sequence[Any], want: int, extra: int) -> int:
     ``n_ctx``, transformers' ``max_positions``) leaves no room for ``extra`` more. A small
     ``--n-ctx`` then measures a short context instead of failing on a sequence the user
     never asked for. Raises :class:`NSDError` where not even one cached token fits."""
-    room = min((getattr(b, attr) for b in backends for attr in ("n_ctx", "max_positions")
-                if isinstance(getattr(b, attr, None), int)), default=None)
+    room = context_limit(backends)
     if room is None or room - extra >= want:
         return want
     if room - extra < 1:

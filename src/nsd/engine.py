@@ -13,7 +13,7 @@ from typing import Any, Generator, Mapping, Sequence
 
 import torch
 
-from nsd.backends.base import ModelBackend
+from nsd.backends.base import ModelBackend, context_limit
 from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.batchplan import BatchCosts, JointPlanner
 from nsd.calibrate import BATCH_CONTEXT
@@ -176,9 +176,7 @@ class Engine:
     @property
     def context_length(self) -> int | None:
         """Tokens the loaded models can hold (prompt + generation), or None when unbounded."""
-        limits = [getattr(m, attr) for m in (self.target, self.draft) if m is not None
-                  for attr in ("n_ctx", "max_positions") if isinstance(getattr(m, attr, None), int)]
-        return min(limits) if limits else None
+        return context_limit([self.target, self.draft])
 
     def encode(self, prompt: str | Sequence[Mapping[str, str]], chat: bool = False,
                system: str | None = None) -> list[int]:

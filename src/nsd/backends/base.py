@@ -57,6 +57,14 @@ def cached_tokens(backend: Any) -> Sequence[int] | None:
     return tokens if tokens is not None and len(tokens) == backend.num_cached else None
 
 
+def context_limit(backends: Sequence[Any]) -> int | None:
+    """Tokens every one of ``backends`` can hold in one sequence (llama.cpp's ``n_ctx``,
+    the transformers backend's ``max_positions``), or None where none says."""
+    limits = [getattr(b, attr) for b in backends if b is not None
+              for attr in ("n_ctx", "max_positions") if isinstance(getattr(b, attr, None), int)]
+    return min(limits) if limits else None
+
+
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
