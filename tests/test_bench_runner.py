@@ -255,8 +255,18 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys)
     assert main(argv) == 0
     report = capsys.readouterr().out
     assert "| nsd@0.5/ngram |" in report
-    assert {"results.json", "report.md", "journal.jsonl", "settings.json"} <= {p.name for p in out.iterdir()}
-    assert len(json.loads((out / "results.json").read_text())["records"]) == 2 * 7
+    assert {"results.json", "summary.json", "report.md", "journal.jsonl", "settings.json"} <= \
+        {p.name for p in out.iterdir()}
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["records"]) == 2 * 7
+    # The small summary the repository keeps: everything but the records, plus the paired
+    # ratios that the documents' tables read (the same figures as the report's "vs AR").
+    small = json.loads((out / "summary.json").read_text())
+    assert {k: v for k, v in small.items() if k not in ("paired", "weights")} == \
+        {k: v for k, v in results.items() if k != "records"}
+    for row in results["summary"]:
+        if row["method"] != "ar":
+            assert small["paired"][row["method"]]["ar"] == pytest.approx(row["speedup_vs_ar"])
     # Everything journaled: the report is rebuilt without loading a model.
     monkeypatch.setattr(bench_cli, "_engine", lambda args, draft: pytest.fail("loaded a model"))
     assert main(argv) == 0

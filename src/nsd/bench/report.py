@@ -17,8 +17,9 @@ from typing import Iterable, Sequence
 
 from nsd import aggregate
 from nsd.bench import metrics
-from nsd.bench.methods import MethodSpec, is_peer_family
-from nsd.bench.store import write_json_atomic, write_text_atomic
+from nsd.bench.methods import LLAMA_PEERS, MethodSpec, is_peer_family
+from nsd.bench.speed import paired_ratio
+from nsd.bench.store import SUMMARY, write_json_atomic, write_text_atomic
 from nsd.machine import cpu_description
 
 
@@ -172,7 +173,7 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
               "are compared with hf-ar. τ = new tokens per target pass. Acceptance by position: "
               "P(draft token i accepted | reached). D/token: fidelity deviation bound per token. "
               "Agreement: token positions equal to the AR output (exact: identical text).", ""]
-    lines += _table(summary)
+    lines += method_table(summary)
     if any(aggregate.defined(r.get("mean_k")) for r in summary):
         lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
                   "(k̄: mean tokens drafted per pass; plain: share of passes that drafted nothing, as "
@@ -212,7 +213,8 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
     return "\n".join(lines) + "\n"
 
 
-def _table(rows: Sequence[dict]) -> list[str]:
+def method_table(rows: Sequence[dict]) -> list[str]:
+    """The report's main table's Markdown lines, one row per method."""
     header = ("| method | prompts | tok/s (median) | vs AR | vs SD | τ | acceptance by position | "
               "D/token | pass@1 | agree w/ AR | exact | loglik | loaded |")
     out = [header, "|---" * 13 + "|"]
@@ -258,14 +260,36 @@ def fidelity_table(rows: Sequence[dict]) -> list[str]:
     return out
 
 
+def paired_ratios(records: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per method, its paired median tokens/s ratio to each reference the run has (AR
+    and llama.cpp's own decoding): what the documents' tables compare, kept so that the
+    small summary answers them without the records."""
+    labels = list(dict.fromkeys(r["method"] for r in records))
+    references = [label for label in ("ar", *LLAMA_PEERS) if label in labels]
+    return {label: {ref: paired_ratio(records, label, ref) for ref in references if ref != label}
+            for label in labels}
+
+
+def small_summary(results: dict) -> dict:
+    """``results.json`` without its records, plus the paired ratios read from them: a few
+    kilobytes that the repository keeps of a run (``summary.json``), where the records run
+    to megabytes."""
+    small = {key: value for key, value in results.items() if key != "records"}
+    small["paired"] = paired_ratios(results["records"])
+    small["weights"] = weights_used(results["records"])
+    return small
+
+
 def write_report(out_dir: Path, records: Sequence[dict], methods: Sequence[MethodSpec],
                  settings: dict, max_other_cpu: float) -> tuple[list[dict], str]:
-    """Write ``results.json`` and ``report.md`` atomically; return the summary and the text."""
+    """Write ``results.json``, its small ``summary.json`` and ``report.md`` atomically;
+    return the summary and the text."""
     summary = summarize(records, methods)
     by_category = summarize_by_category(records, methods)
     text = markdown(summary, by_category, settings, max_other_cpu, weights_used(records))
-    write_json_atomic(out_dir / "results.json", {
-        "settings": settings, "environment": environment(), "max_other_cpu": max_other_cpu,
-        "summary": summary, "by_category": by_category, "records": list(records)})
+    results = {"settings": settings, "environment": environment(), "max_other_cpu": max_other_cpu,
+               "summary": summary, "by_category": by_category, "records": list(records)}
+    write_json_atomic(out_dir / "results.json", results)
+    write_json_atomic(out_dir / SUMMARY, small_summary(results))
     write_text_atomic(out_dir / "report.md", text)
     return summary, text

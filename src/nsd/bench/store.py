@@ -20,7 +20,8 @@ from nsd.errors import NSDError
 
 JOURNAL = "journal.jsonl"
 SETTINGS = "settings.json"
-OUTPUTS = ("results.json", "report.md", JOURNAL, SETTINGS)
+SUMMARY = "summary.json"  # results.json without the records: what the repository keeps of a run
+OUTPUTS = ("results.json", SUMMARY, "report.md", JOURNAL, SETTINGS)
 
 
 def jsonable(value: Any) -> Any:
