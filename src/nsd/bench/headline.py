@@ -1,0 +1,250 @@
+"""The results tables of README.md and BENCHMARKS.md, generated from the runs they cite
+(``python benchmarks/headline.py``; ``--check`` says whether the documents are current).
+
+Each table is computed from a run's ``summary.json`` (``results.json`` without the
+records, :func:`nsd.bench.report.small_summary`), which the repository keeps of every
+run, and written between two markers in the documents::
+
+    <!-- generated: NAME (python benchmarks/headline.py) -->
+    ...
+    <!-- end: NAME -->
+
+Nothing between the markers is typed by hand: a figure edited there differs from what
+:func:`blocks` computes, and ``tests/test_benchmarks_doc.py`` fails. The runs cited, with
+the CPU class, the command and the commit that added each, are :data:`RUNS`; a run is
+replaced by a newer one by editing its entry and running the script.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from nsd import aggregate
+from nsd.bench import report, vllm_report
+from nsd.bench.methods import LLAMA_PEERS
+from nsd.bench.store import SUMMARY
+from nsd.errors import NSDError
+
+DOCUMENTS = ("README.md", "BENCHMARKS.md")
+RESULTS = "benchmarks/results"
+
+
+@dataclass(frozen=True)
+class CpuClass:
+    key: str
+    name: str  # as the tables show it
+    machine: str  # the machine the runs were measured on
+
+
+CPU_CLASSES = (
+    CpuClass("amx", "AMX", "Intel Xeon Sapphire Rapids, 2 cores"),
+    CpuClass("vnni", "AVX-512 VNNI", "AMD EPYC Zen 4, 2 cores"),
+    CpuClass("avx2", "AVX2", "AMD EPYC Zen 3, 2 cores"),
+)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """One cited run: where its summary lies, what it measured, how it was made."""
+
+    path: str  # under benchmarks/results/
+    cpu: str  # a CpuClass key
+    task: str
+    commit: str  # the commit that added the run's results to the repository
+    command: str
+    proposer: str  # the proposer of the SD and NSD rows the headline reads
+    headline: bool = False  # a row of the README's headline table
+
+
+_AMX = "bash benchmarks/run_amx.sh humaneval-t0 spec-bench-t0 humaneval-t0.8 spec-bench-t0.8"
+_ZEN4 = "OUT_ROOT=benchmarks/results/zen4-2026-12-07 bash benchmarks/run_noamx.sh humaneval-t0 spec-bench-t0"
+_ZEN4_HOST = ("OUT_ROOT=benchmarks/results/zen4-host bash benchmarks/run_noamx.sh humaneval164-t0-hybrid "
+              "spec-bench-t0.8-hybrid-x3 humaneval-t0.8-hybrid")
+_FRONTIER = "bash benchmarks/run_frontier.sh"
+
+RUNS: tuple[RunRef, ...] = (
+    RunRef("amx/humaneval-t0", "amx", "HumanEval-40, T = 0", "444df9f", _AMX, "draft", True),
+    RunRef("amx/spec-bench-t0", "amx", "Spec-Bench 13×3, T = 0", "444df9f", _AMX, "draft", True),
+    RunRef("amx/humaneval-t0.8", "amx", "HumanEval-40, T = 0.8", "444df9f", _AMX, "draft"),
+    RunRef("amx/spec-bench-t0.8", "amx", "Spec-Bench 13×3, T = 0.8", "444df9f", _AMX, "draft"),
+    RunRef("zen4-2026-12-07/humaneval-t0", "vnni", "HumanEval-40, T = 0", "b6c99b3", _ZEN4, "hybrid", True),
+    RunRef("zen4-2026-12-07/spec-bench-t0", "vnni", "Spec-Bench 13×3, T = 0", "b6c99b3", _ZEN4, "hybrid", True),
+    RunRef("zen4-host/humaneval164-t0-hybrid", "vnni", "HumanEval-164, T = 0", "12bf785", _ZEN4_HOST, "hybrid"),
+    RunRef("zen4-host/humaneval-t0.8-hybrid", "vnni", "HumanEval-40, T = 0.8", "12bf785", _ZEN4_HOST, "hybrid"),
+    RunRef("zen4-host/spec-bench-t0.8-hybrid-x3", "vnni", "Spec-Bench 13×3, T = 0.8", "12bf785", _ZEN4_HOST,
+           "hybrid"),
+)
+
+# The quality-speed frontier: θ, budgets and typical acceptance at a fixed k = 4 (Zen 4,
+# measured before nsd's VNNI kernels, when speculation with k = 4 was slower than AR there).
+FRONTIER: tuple[RunRef, ...] = (
+    RunRef("frontier/humaneval-t0", "vnni", "HumanEval-164, T = 0", "998fd5c", _FRONTIER, "draft"),
+    RunRef("frontier/humaneval-t0.8", "vnni", "HumanEval-164, T = 0.8", "ca2b814", _FRONTIER, "draft"),
+    RunRef("frontier/specbench-t0", "vnni", "Spec-Bench 13×3, T = 0", "43f37c6", _FRONTIER, "draft"),
+    RunRef("frontier/specbench-t0.8", "vnni", "Spec-Bench 13×3, T = 0.8", "1d1f6c4", _FRONTIER, "draft"),
+)
+VLLM = RunRef("vllm", "vnni", "HumanEval 5 + Spec-Bench 5, T = 0 and 0.8", "7cd5386",
+              ".venv-vllm/bin/python benchmarks/vllm_bench.py --limit 5 --max-tokens 128 "
+              "--out benchmarks/results/vllm", "draft")
+PICTURE = "frontier/humaneval-t0/speedup_vs_pass_change.png"  # the README's one picture
+
+
+def load_summary(root: Path, run: RunRef) -> dict:
+    path = root / RESULTS / run.path / SUMMARY
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the run's summary ({exc})") from None
+
+
+def _row(summary: dict, family: str, proposer: str) -> dict | None:
+    for row in summary["summary"]:
+        if row["family"] == family and (family == "ar" or row["proposer"] == proposer) \
+                and (family != "nsd" or row["theta"] == 0.9):
+            return row
+    return None
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if aggregate.defined(value) else "-"
+
+
+def _f(value: float | None, fmt: str = "{:.2f}") -> str:
+    return fmt.format(value) if aggregate.defined(value) else "-"
+
+
+def _faster_peer(summary: dict, method: str) -> str:
+    """``method`` against the faster of llama.cpp's own plain and speculative decoding
+    (by each one's paired ratio to AR), as the speed targets compare them."""
+    paired = summary["paired"]
+    peers = [p for p in LLAMA_PEERS if p in paired and aggregate.defined(paired[p].get("ar"))]
+    if not peers:
+        return "no llama.cpp peer in the run"
+    peer = max(peers, key=lambda p: paired[p]["ar"])
+    return f"{_x(paired[method][peer])} ({peer})"
+
+
+def _link(run: RunRef) -> str:
+    return f"[`{run.path}`]({RESULTS}/{run.path}/)"
+
+
+def headline_table(root: Path) -> str:
+    """The README's table: per CPU class its headline runs, NSD θ 0.9 and SD against AR
+    and against llama.cpp, with D/token and pass@1; a class without a run says so."""
+    lines = ["| CPU class | task | AR tok/s | SD vs AR | NSD θ 0.9 vs AR | NSD vs llama.cpp | NSD D/token "
+             "| pass@1 AR / SD / NSD | run (commit) |", "|---" * 9 + "|"]
+    for cpu in CPU_CLASSES:
+        runs = [r for r in RUNS if r.cpu == cpu.key and r.headline]
+        if not runs:
+            lines.append(f"| {cpu.name} ({cpu.machine}) | not yet measured | | | | | | | |")
+            continue
+        for run in runs:
+            summary = load_summary(root, run)
+            ar, sd, nsd = (_row(summary, f, run.proposer) for f in ("ar", "sd", "nsd"))
+            if ar is None or sd is None or nsd is None:
+                raise NSDError(f"{run.path}: no AR, SD and NSD θ 0.9 rows with the {run.proposer} proposer")
+            passes = " / ".join(_f(r["pass_at_1"]) for r in (ar, sd, nsd))
+            lines.append(f"| {cpu.name} ({cpu.machine}) | {run.task} | {_f(ar['tokens_per_s_median'], '{:.1f}')} "
+                         f"| {_x(sd['speedup_vs_ar'])} | **{_x(nsd['speedup_vs_ar'])}** "
+                         f"| {_faster_peer(summary, nsd['method'])} "
+                         f"| {_f(nsd['deviation_per_token'], '{:.3f}')} | {passes} "
+                         f"| {_link(run)} ({run.commit}) |")
+    return "\n".join(lines)
+
+
+def _cpu_line(summary: dict) -> str:
+    cpu = summary.get("environment", {}).get("cpu") or {}
+    if not cpu:
+        return "CPU not recorded"
+    return f"{cpu.get('model')}, {cpu.get('cores')} cores, AMX {cpu.get('amx')}"
+
+
+def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
+    """One run in BENCHMARKS.md: what it is, its command and commit, its table (the
+    report's own, computed by :mod:`nsd.bench.report` from the summary) and its plot."""
+    summary = load_summary(root, run)
+    generation = summary["settings"]["generation"]
+    table = report.fidelity_table(summary["summary"]) if fidelity else report.method_table(summary["summary"])
+    plot = f"{RESULTS}/{run.path}/speedup_vs_pass_change.png"
+    if not (root / plot).is_file():
+        plot = f"{RESULTS}/{run.path}/quality_vs_speedup.png"
+    lines = [f"#### {run.task}: `{RESULTS}/{run.path}/`", "",
+             f"CPU as recorded: {_cpu_line(summary)}. k = {generation['k']}, "
+             f"{generation['max_new_tokens']} new tokens at most, weights: {summary.get('weights') or 'not recorded'}. "
+             f"Results added in commit {run.commit}. Command:", "", "```bash", run.command, "```", "",
+             *table, "", f"![{run.task}]({plot})"]
+    return "\n".join(lines)
+
+
+def vllm_block(root: Path) -> str:
+    path = root / RESULTS / VLLM.path / "results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the vLLM run ({exc})") from None
+    lines = [f"Run `{RESULTS}/{VLLM.path}/` ({'; '.join(results['environment'])}), added in commit "
+             f"{VLLM.commit}. Command:", "", "```bash", VLLM.command, "```", "",
+             *vllm_report.render_table(results["summary"]["All prompts"])]
+    return "\n".join(lines)
+
+
+def blocks(root: Path) -> dict[str, str]:
+    """Every generated block by name, as the documents must hold it."""
+    out = {"headline": headline_table(root),
+           "picture": f"![speed against the change in pass@1, per method]({RESULTS}/{PICTURE})"}
+    for cpu in CPU_CLASSES:
+        runs = [r for r in RUNS if r.cpu == cpu.key]
+        out[f"runs-{cpu.key}"] = "\n\n".join(run_block(root, r) for r in runs) if runs else \
+            f"Not yet measured: no `nsd bench` run on an {cpu.name} CPU ({cpu.machine}) is in the repository."
+    out["frontier"] = "\n\n".join(run_block(root, r, fidelity=True) for r in FRONTIER)
+    out["vllm"] = vllm_block(root)
+    return out
+
+
+_BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) \(python benchmarks/headline\.py\) -->\n)"
+                    r"(?P<body>.*?)"
+                    r"(\n<!-- end: (?P=name) -->)", re.S)
+
+
+def render(text: str, generated: dict[str, str]) -> str:
+    """``text`` with every marked block replaced by its generated content (an unknown
+    block name is an error: a table nobody regenerates would go stale)."""
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in generated:
+            raise NSDError(f"unknown generated block {name!r}")
+        return match.group(1) + generated[name] + match.group(4)
+    return _BLOCK.sub(fill, text)
+
+
+def marked(text: str) -> dict[str, str]:
+    """The marked blocks of a document as it stands, by name."""
+    return {m["name"]: m["body"] for m in _BLOCK.finditer(text)}
+
+
+def stale(root: Path) -> list[str]:
+    """The documents whose marked blocks differ from what the runs give ([] = current)."""
+    generated = blocks(root)
+    out = []
+    for name in DOCUMENTS:
+        text = (root / name).read_text(encoding="utf-8")
+        if render(text, generated) != text:
+            out.append(name)
+    return out
+
+
+def write(root: Path) -> list[str]:
+    """Regenerate the marked blocks in place; returns the documents that changed."""
+    generated = blocks(root)
+    changed = []
+    for name in DOCUMENTS:
+        path = root / name
+        text = path.read_text(encoding="utf-8")
+        new = render(text, generated)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(name)
+    return changed
