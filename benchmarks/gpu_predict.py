@@ -5,7 +5,7 @@ Inputs:
 
 * step costs ``c(n)`` per model and nsd's per-pass overhead, from ``gpu_costs.py``;
 * acceptance per draft position, pooled over the records of ``nsd bench`` results
-  (``benchmarks/results/*/results.json``, measured on the CPU with the real 0.5B → 1.5B
+  (``benchmarks/results/*/summary.json``, measured on the CPU with the real 0.5B → 1.5B
   pair at k = 4), or a JSON ``{"method": [α_1, α_2, ...], ...}`` via ``--acceptance``.
 
 For a method with conditional acceptance ``α_j`` at draft position ``j``, k drafts give
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("costs", type=Path, help="gpu_costs_<device>.json")
     parser.add_argument("--results", type=Path, nargs="*", default=None,
-                        help="nsd bench results.json files (default: benchmarks/results/*/results.json)")
+                        help="nsd bench results.json or summary.json files (default: benchmarks/results/*/summary.json)")
     parser.add_argument("--acceptance", type=Path, default=None,
                         help='JSON {"method": [alpha_1, ...]} instead of bench results')
     parser.add_argument("--pairs", default=",".join(PAIRS), help="draft:target,... from gpu_costs models")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.acceptance:
         sources = {args.acceptance.stem: json.loads(args.acceptance.read_text(encoding="utf-8"))}
     else:
-        files = args.results if args.results is not None else sorted(RESULTS.glob("*/results.json"))
+        files = args.results if args.results is not None else sorted(RESULTS.glob("*/summary.json"))
         sources = {f.parent.name: acceptance_from_results(f) for f in files}
     pairs = [p for p in args.pairs.split(",") if p]
     report = prediction_report(costs, args.costs.name, sources, pairs)

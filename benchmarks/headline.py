@@ -47,7 +47,7 @@ def summarize(run: Path) -> Path:
     except KeyError as exc:  # records of an nsd bench that did not record that field yet
         print(f"{run}: summaries kept as recorded (records lack {exc})", file=sys.stderr)
         results = {**results, "summary_as_recorded": True}
-    write_json_atomic(run / SUMMARY, small_summary(results))
+    write_json_atomic(run / SUMMARY, small_summary(results), indent=None)
     return run / SUMMARY
 
 

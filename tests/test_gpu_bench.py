@@ -70,3 +70,12 @@ def test_expected_tokens_and_acceptance_pooling(tmp_path: Path) -> None:
         {"method": "ar", "proposer": None, "stats": stats([], [])},
     ]}))
     assert gpu_predict.acceptance_from_results(results) == {"sd": [0.75, 0.5]}
+    # The small summary the repository keeps gives the same pooled rates (an unreached
+    # position, NaN in the summary and null in its JSON, is left out as above).
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"summary": [
+        {"method": "sd/draft", "proposer": "draft", "acceptance_by_position": [0.75, 0.5, None]},
+        {"method": "sd/ngram", "proposer": "ngram", "acceptance_by_position": [0.0]},
+        {"method": "ar", "proposer": None, "acceptance_by_position": []},
+    ]}))
+    assert gpu_predict.acceptance_from_results(summary) == {"sd": [0.75, 0.5]}

@@ -13,6 +13,7 @@ beyond those measured reuse the last measured ``α`` (an assumption, printed).
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -23,8 +24,15 @@ DISCLAIMER = ("PREDICTIONS from measured step costs and CPU-measured acceptance 
 
 
 def acceptance_from_results(path: Path) -> dict[str, list[float]]:
-    """Pooled conditional acceptance per draft position, per method (draft proposer only)."""
-    records = json.loads(path.read_text(encoding="utf-8"))["records"]
+    """Pooled conditional acceptance per draft position, per method (draft proposer only),
+    from an ``nsd bench`` ``results.json`` (its records) or ``summary.json`` (its rows'
+    ``acceptance_by_position``, pooled the same way when the run was summarised)."""
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    if "records" not in saved:
+        return {row["method"].removesuffix("/draft"): [a for a in row["acceptance_by_position"]
+                                                       if a is not None and not math.isnan(a)]
+                for row in saved["summary"] if row.get("proposer") == "draft"}
+    records = saved["records"]
     attempts: dict[str, list[int]] = defaultdict(list)
     accepts: dict[str, list[int]] = defaultdict(list)
     for rec in records:

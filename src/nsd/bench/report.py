@@ -290,6 +290,6 @@ def write_report(out_dir: Path, records: Sequence[dict], methods: Sequence[Metho
     results = {"settings": settings, "environment": environment(), "max_other_cpu": max_other_cpu,
                "summary": summary, "by_category": by_category, "records": list(records)}
     write_json_atomic(out_dir / "results.json", results)
-    write_json_atomic(out_dir / SUMMARY, small_summary(results))
+    write_json_atomic(out_dir / SUMMARY, small_summary(results), indent=None)  # report.md is the readable one
     write_text_atomic(out_dir / "report.md", text)
     return summary, text

@@ -56,8 +56,9 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(jsonable(data), indent=2, ensure_ascii=False) + "\n")
+def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:
+    """``indent=None``: one line, for data files read by programs, not people."""
+    write_text_atomic(path, json.dumps(jsonable(data), indent=indent, ensure_ascii=False) + "\n")
 
 
 def record_key(record: dict) -> tuple[str, str]:
