@@ -303,3 +303,20 @@ def test_transformers_flags_reach_only_the_model_on_transformers(monkeypatch) ->
     with pytest.raises(NSDError, match="--compile torch is for the transformers backend"):
         Engine("T", draft="D", proposer="draft", options=options)
     assert seen == {}
+
+
+def test_version_prints_the_package_version(capsys) -> None:
+    # `nsd --version` answers with the version pip installed (pyproject's), exit status 0,
+    # and the source tree's __version__ says the same, so neither can drift alone.
+    import re
+    from pathlib import Path
+
+    import nsd
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    declared = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)  # tomllib is 3.11+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"nsd {declared}"
+    assert nsd.__version__ == declared

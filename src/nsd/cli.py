@@ -190,8 +190,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def version() -> str:
+    """The installed package's version (its metadata, as pip reports it); the source
+    tree's own where nsd runs uninstalled."""
+    import importlib.metadata
+
+    from nsd import __version__
+
+    try:
+        return importlib.metadata.version("nsd")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nsd", description="Nucleus Speculative Decoding")
+    parser.add_argument("--version", action="version", version=f"nsd {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text with AR, SD, NSD or typical acceptance")
