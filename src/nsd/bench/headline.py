@@ -146,7 +146,8 @@ def headline_table(root: Path) -> str:
             ar, sd, nsd = (_row(summary, f, run.proposer) for f in ("ar", "sd", "nsd"))
             if ar is None or sd is None or nsd is None:
                 raise NSDError(f"{run.path}: no AR, SD and NSD θ 0.9 rows with the {run.proposer} proposer")
-            passes = " / ".join(_f(r["pass_at_1"]) for r in (ar, sd, nsd))
+            passes = " / ".join(_f(r["pass_at_1"]) for r in (ar, sd, nsd)) \
+                if any(aggregate.defined(r["pass_at_1"]) for r in (ar, sd, nsd)) else "n/a (no tests)"
             lines.append(f"| {cpu.name} ({cpu.machine}) | {run.task} | {_f(ar['tokens_per_s_median'], '{:.1f}')} "
                          f"| {_x(sd['speedup_vs_ar'])} | **{_x(nsd['speedup_vs_ar'])}** "
                          f"| {_faster_peer(summary, nsd['method'])} "
@@ -167,7 +168,11 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
     report's own, computed by :mod:`nsd.bench.report` from the summary) and its plot."""
     summary = load_summary(root, run)
     generation = summary["settings"]["generation"]
-    table = report.fidelity_table(summary["summary"]) if fidelity else report.method_table(summary["summary"])
+    rows = summary["summary"]
+    table = report.fidelity_table(rows) if fidelity else report.method_table(rows)
+    if not fidelity and any(aggregate.defined(r.get("mean_k")) for r in rows):
+        table += ["", "Where the time goes, per target pass (k̄: mean tokens drafted per pass; plain: "
+                  "share of passes that drafted nothing):", "", *report.cost_table(rows)]
     plot = f"{RESULTS}/{run.path}/speedup_vs_pass_change.png"
     if not (root / plot).is_file():
         plot = f"{RESULTS}/{run.path}/quality_vs_speedup.png"

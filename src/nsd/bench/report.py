@@ -177,18 +177,7 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
     if any(aggregate.defined(r.get("mean_k")) for r in summary):
         lines += ["", "Cost breakdown per target pass (ms) and the draft lengths used "
                   "(k̄: mean tokens drafted per pass; plain: share of passes that drafted nothing, as "
-                  "chosen by -k auto or where prompt lookup found no match):", "",
-                  "| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
-                  "|---" * 9 + "|"]
-        for r in summary:
-            if not aggregate.defined(r.get("mean_k")):
-                continue
-            lines.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['mean_k'])} | "
-                         f"{_num(r['plain_step_share'])} | {_num(1e3 * r['draft_s_per_pass'], '{:.1f}')} | "
-                         f"{_num(1e3 * r['target_s_per_pass'], '{:.1f}')} | "
-                         f"{_num(1e3 * r['overhead_s_per_pass'], '{:.1f}')} | "
-                         f"{_num(r['decode_tokens_per_s_median'], '{:.1f}')} | "
-                         f"{_num(r['predicted_tokens_per_s_median'], '{:.1f}')} |")
+                  "chosen by -k auto or where prompt lookup found no match):", ""] + cost_table(summary)
     if any(r["family"] != "ar" and not is_peer_family(r["family"]) for r in summary):
         lines += ["", "Fidelity against AR on the same prompts (95% intervals: Wilson for pass@1, "
                   "paired normal for the changes; relaxed: share of accepted drafts taken by a "
@@ -211,6 +200,26 @@ def markdown(summary: Sequence[dict], by_category: dict[str, list[dict]], settin
                              f"{_num(r['tau'])} | {_num(r['deviation_per_token'], '{:.3f}')} | "
                              f"{_num(r['pass_at_1'])} | {_num(r['agreement'])} | {_num(r['loglik_mean'], '{:.3f}')} |")
     return "\n".join(lines) + "\n"
+
+
+def _ms(seconds: float | None) -> str:
+    return _num(1e3 * seconds if aggregate.defined(seconds) else None, "{:.1f}")
+
+
+def cost_table(rows: Sequence[dict]) -> list[str]:
+    """The cost breakdown's Markdown lines: per method that drafted, τ, the draft lengths
+    and the milliseconds per target pass (rows read back from JSON hold None for NaN)."""
+    out = ["| method | τ | k̄ | plain | draft ms | verify ms | overhead ms | decode tok/s | predicted tok/s |",
+           "|---" * 9 + "|"]
+    for r in rows:
+        if not aggregate.defined(r.get("mean_k")):
+            continue
+        out.append(f"| {r['method']} | {_num(r['tau'])} | {_num(r['mean_k'])} | "
+                   f"{_num(r['plain_step_share'])} | {_ms(r['draft_s_per_pass'])} | "
+                   f"{_ms(r['target_s_per_pass'])} | {_ms(r['overhead_s_per_pass'])} | "
+                   f"{_num(r['decode_tokens_per_s_median'], '{:.1f}')} | "
+                   f"{_num(r['predicted_tokens_per_s_median'], '{:.1f}')} |")
+    return out
 
 
 def method_table(rows: Sequence[dict]) -> list[str]:
