@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The AMX runs of BENCHMARKS.md's "Verification kernel" section (issue targets: NSD θ 0.9
+# The AMX runs of the "Verification kernel" section (docs/lab-notes.md; BENCHMARKS.md cites them) (issue targets: NSD θ 0.9
 # against AR and llama.cpp's own decoding at T = 0 and 0.8 on HumanEval and Spec-Bench),
 # drafting with the draft model alone (--proposers draft), as they were measured.
 # The "targets" group runs the same targets with nsd's current defaults (the hybrid proposer
@@ -8,7 +8,7 @@
 # at T = 0.8; then read them with
 #   python benchmarks/speed_targets.py "$OUT_ROOT"/*-default/
 # About 50 minutes of generation on a 2-core Sapphire Rapids (the older runs' totals), plus
-# loading and scoring. The "serving" group runs the two serving measurements of BENCHMARKS.md
+# loading and scoring. The "serving" group runs the two serving measurements of docs/lab-notes.md
 # (the joint plan in-process, then `nsd serve` under 1, 4 and 16 clients).
 # Resumable: rerunning continues each journal (not the serving JSON files, which are
 # rewritten). Usage: [OUT_ROOT=dir] bash benchmarks/run_amx.sh [run...] (default: targets)

@@ -12,7 +12,7 @@
 # uses; on a CPU without AMX the variable changes nothing. Resumable (each journal is
 # continued).
 # Runs without --proposers use the default proposer: the draft model alone before 2026-12-06,
-# the hybrid proposer since (the "zen4-hybrid-default" runs of BENCHMARKS.md).
+# the hybrid proposer since (the "zen4-hybrid-default" runs of docs/lab-notes.md).
 # Usage: [OUT_ROOT=dir] bash benchmarks/run_noamx.sh [run...] (default: the two HumanEval runs)
 # OUT_ROOT (default benchmarks/results/noamx) keeps one CPU's runs apart from another's.
 set -euo pipefail

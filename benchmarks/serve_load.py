@@ -21,7 +21,7 @@ fixed, batched forwards change it only where rounding flips an argmax). The serv
     # or load a running one
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --model smollm2-135m-instruct
 """
-# The BENCHMARKS.md figures for batched serving (Zen 4) came from
+# The figures for batched serving (Zen 4; docs/lab-notes.md) came from
 #   python benchmarks/serve_load.py --methods ar,nsd --concurrency 1,4,16 --rounds 2 \
 #     --requests 1 --max-tokens 48 --json J -- --target qwen2.5-coder-1.5b-instruct \
 #     --draft qwen2.5-coder-0.5b-instruct --parallel 16 --n-ctx 1024 --proposer draft

@@ -8,7 +8,7 @@ For the original GGUF and the Q4_0 / Q8_0 copies nsd derives from it (``--weight
 * the agreement of greedy argmaxes with the original file along that text.
 
 HumanEval pass@1 per format comes from ``nsd bench --weights FORMAT --methods ar``
-(commands in BENCHMARKS.md). Writes JSON and prints a Markdown table.
+(commands in docs/lab-notes.md). Writes JSON and prints a Markdown table.
 
     python benchmarks/weight_formats.py --model qwen2.5-coder-1.5b-instruct \
         --out benchmarks/results/weight_formats_1.5b.json
