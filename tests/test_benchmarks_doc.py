@@ -142,3 +142,17 @@ def test_intro_states_each_runs_own_typical_settings() -> None:
         assert about, run
         for sentence in about:
             assert stated in sentence, (run, stated, sentence)
+
+
+def test_each_cited_commit_holds_its_run() -> None:
+    # The commit a table names must be one that has the run's files (a typo, or a run
+    # replaced without updating its entry, fails); needs the git history.
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for run in (*headline.RUNS, *headline.FRONTIER, headline.VLLM):
+        spec = f"{run.commit}:{headline.RESULTS}/{run.path}/settings.json"
+        found = subprocess.run(["git", "cat-file", "-e", spec], cwd=ROOT, capture_output=True)
+        assert found.returncode == 0, spec

@@ -1,4 +1,4 @@
-"""The CPU recipe of the README, run: ``vllm serve`` with the draft model and the nsd
+"""The CPU recipe of docs/vllm.md, run: ``vllm serve`` with the draft model and the nsd
 plugin answers ``/v1/chat/completions`` with NSD active, and reports each request's D.
 
 Needs the vLLM venv (scripts/install_vllm.sh) and the models' HF folders

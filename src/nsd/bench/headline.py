@@ -11,7 +11,7 @@ run, and written between two markers in the documents::
 
 Nothing between the markers is typed by hand: a figure edited there differs from what
 :func:`blocks` computes, and ``tests/test_benchmarks_doc.py`` fails. The runs cited, with
-the CPU class, the command and the commit that added each, are :data:`RUNS`; a run is
+the CPU class, the command and the commit that last wrote each, are :data:`RUNS`; a run is
 replaced by a newer one by editing its entry and running the script.
 """
 
@@ -53,7 +53,7 @@ class RunRef:
     path: str  # under benchmarks/results/
     cpu: str  # a CpuClass key
     task: str
-    commit: str  # the commit that added the run's results to the repository
+    commit: str  # the commit that last wrote the run's results into the repository
     command: str
     proposer: str  # the proposer of the SD and NSD rows the headline reads
     headline: bool = False  # a row of the README's headline table
@@ -179,7 +179,7 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
     lines = [f"#### {run.task}: `{RESULTS}/{run.path}/`", "",
              f"CPU as recorded: {_cpu_line(summary)}. k = {generation['k']}, "
              f"{generation['max_new_tokens']} new tokens at most, weights: {summary.get('weights') or 'not recorded'}. "
-             f"Results added in commit {run.commit}. Command:", "", "```bash", run.command, "```", "",
+             f"Results committed in {run.commit}. Command:", "", "```bash", run.command, "```", "",
              *table, "", f"![{run.task}]({plot})"]
     return "\n".join(lines)
 
@@ -190,7 +190,7 @@ def vllm_block(root: Path) -> str:
         results = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise NSDError(f"{path}: cannot read the vLLM run ({exc})") from None
-    lines = [f"Run `{RESULTS}/{VLLM.path}/` ({'; '.join(results['environment'])}), added in commit "
+    lines = [f"Run `{RESULTS}/{VLLM.path}/` ({'; '.join(results['environment'])}), committed in "
              f"{VLLM.commit}. Command:", "", "```bash", VLLM.command, "```", "",
              *vllm_report.render_table(results["summary"]["All prompts"])]
     return "\n".join(lines)
