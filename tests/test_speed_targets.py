@@ -94,5 +94,30 @@ def test_shortfall_splits_the_missing_time_by_part(tmp_path: Path) -> None:
 
 
 def test_a_directory_without_a_journal_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(NSDError, match="no journal.jsonl"):
+    with pytest.raises(NSDError, match="no journal.jsonl or summary.json"):
         tg.load_run(tmp_path)
+
+
+def test_a_run_kept_as_its_summary_gives_the_same_checks(tmp_path: Path) -> None:
+    # The repository keeps a run's summary.json, not its journal: the paired ratios stored
+    # there (report.paired_ratios, from the same records) give the same verdicts.
+    from nsd.bench.report import paired_ratios
+
+    records = greedy_records()
+    full = tg.load_run(write_run(tmp_path / "full", records, 0.0, amx=True))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    rows = [{"method": m, "family": r["family"], "theta": r["theta"]}
+            for m, r in {r["method"]: r for r in records}.items()]
+    (kept / "summary.json").write_text(json.dumps({
+        "settings": {"generation": {"temperature": 0.0}},
+        "environment": {"cpu": {"model": "Some CPU", "amx": "True"}},
+        "summary": rows, "paired": paired_ratios(records)}))
+    summary = tg.load_run(kept)
+    assert not summary.records and summary.amx
+    ours, theirs = tg.check(summary), tg.check(full)
+    assert [(c.target, c.method, c.reference, c.verdict) for c in ours] == \
+        [(c.target, c.method, c.reference, c.verdict) for c in theirs]
+    assert [c.ratio for c in ours] == pytest.approx([c.ratio for c in theirs])
+    assert len(ours) == 6
+    assert tg.shortfall(summary, "nsd@0.9/draft", 1.8) is None  # needs the records

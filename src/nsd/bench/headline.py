@@ -17,13 +17,14 @@ replaced by a newer one by editing its entry and running the script.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from nsd import aggregate
-from nsd.bench import report, vllm_report
+from nsd.bench import report, targets, vllm_report
 from nsd.bench.methods import LLAMA_PEERS
 from nsd.bench.store import SUMMARY
 from nsd.errors import NSDError
@@ -196,6 +197,22 @@ def vllm_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def targets_block(root: Path) -> str:
+    """The CPU speed targets (:mod:`nsd.bench.targets`) read from the runs' summaries: the
+    stated targets one row each, the "every method ≥ 0.97× AR" rows counted."""
+    runs = {}
+    for ref in RUNS:
+        run = dataclasses.replace(targets.load_run(root / RESULTS / ref.path), name=ref.path)
+        runs[run.name] = run
+    checks = [c for run in runs.values() for c in targets.check(run)]
+    floor = [c for c in checks if c.target.family == "*"]
+    lowest = min(floor, key=lambda c: c.ratio)
+    met = sum(c.ratio >= c.target.at_least for c in floor)
+    return "\n".join([targets.format_checks([c for c in checks if c.target.family != "*"], runs), "",
+                      f"{floor[0].target.label}: {met} of {len(floor)} met; the lowest {lowest.ratio:.2f}x "
+                      f"({lowest.method}, `{lowest.run}`)."])
+
+
 def blocks(root: Path) -> dict[str, str]:
     """Every generated block by name, as the documents must hold it."""
     out = {"headline": headline_table(root),
@@ -204,6 +221,7 @@ def blocks(root: Path) -> dict[str, str]:
         runs = [r for r in RUNS if r.cpu == cpu.key]
         out[f"runs-{cpu.key}"] = "\n\n".join(run_block(root, r) for r in runs) if runs else \
             f"Not yet measured: no `nsd bench` run on an {cpu.name} CPU ({cpu.machine}) is in the repository."
+    out["targets"] = targets_block(root)
     out["frontier"] = "\n\n".join(run_block(root, r, fidelity=True) for r in FRONTIER)
     out["vllm"] = vllm_block(root)
     return out

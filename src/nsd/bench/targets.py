@@ -23,7 +23,7 @@ from typing import Sequence
 
 from nsd.bench.methods import LLAMA_PEERS, is_peer_family
 from nsd.bench.speed import by_prompt, paired_ratio
-from nsd.bench.store import read_journal
+from nsd.bench.store import SUMMARY, read_journal
 from nsd.errors import NSDError
 
 
@@ -48,13 +48,16 @@ TARGETS: tuple[Target, ...] = (
 
 @dataclass(frozen=True)
 class Run:
-    """One finished (or partial) ``nsd bench`` output directory."""
+    """One finished (or partial) ``nsd bench`` output directory: its records, or, for a
+    run the repository keeps only the summary of, its summary rows and paired ratios."""
 
     name: str
     records: tuple[dict, ...]
     temperature: float
     cpu: str
     amx: bool
+    rows: tuple[dict, ...] = ()  # summary.json's rows, where there are no records
+    paired: dict | None = None  # summary.json's paired ratios: method -> reference -> ratio
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,13 @@ class Check:
 
 
 def load_run(directory: Path) -> Run:
-    """A run's records (its journal) with the temperature and CPU it recorded."""
+    """A run's records (its journal) with the temperature and CPU it recorded; without a
+    journal, its ``summary.json`` (the paired ratios the checks need, no shortfall)."""
     journal, results = directory / "journal.jsonl", directory / "results.json"
     if not journal.is_file():
-        raise NSDError(f"{directory}: no journal.jsonl (is this an `nsd bench --out` directory?)")
+        if (directory / SUMMARY).is_file():
+            return _load_summary(directory)
+        raise NSDError(f"{directory}: no journal.jsonl or {SUMMARY} (is this an `nsd bench --out` directory?)")
     records = tuple(read_journal(journal)[0].values())
     if not records:
         raise NSDError(f"{journal}: no records yet")
@@ -99,17 +105,45 @@ def load_run(directory: Path) -> Run:
                amx=str(cpu.get("amx", "False")) == "True")
 
 
+def _load_summary(directory: Path) -> Run:
+    path = directory / SUMMARY
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        rows, paired = tuple(saved["summary"]), saved["paired"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise NSDError(f"{path}: cannot read the run's summary ({exc})") from None
+    cpu = saved.get("environment", {}).get("cpu", {})
+    return Run(name=directory.as_posix().rstrip("/"), records=(),
+               temperature=float(saved["settings"]["generation"]["temperature"]),
+               cpu=cpu.get("model", "CPU not recorded"), amx=str(cpu.get("amx", "False")) == "True",
+               rows=rows, paired=paired)
+
+
+def _methods(run: Run) -> list[tuple[str, str, float | None]]:
+    """(label, family, θ) of each method, in the run's order."""
+    source = run.records or run.rows
+    return list({r["method"]: (r["method"], r["family"], r.get("theta")) for r in source}.values())
+
+
+def _ratio(run: Run, method: str, reference: str) -> float:
+    if run.paired is None:
+        return paired_ratio(run.records, method, reference)
+    value = run.paired.get(method, {}).get(reference)
+    return math.nan if value is None else value
+
+
 def _applies(target: Target, temperature: float) -> bool:
     return {"zero": temperature == 0, "sampled": temperature > 0, "any": True}[target.temperature]
 
 
 def check(run: Run, targets: Sequence[Target] = TARGETS) -> list[Check]:
     """Every target that concerns this run's temperature, for each method it names."""
-    labels = list(dict.fromkeys(r["method"] for r in run.records))
-    family = {r["method"]: r["family"] for r in run.records}
-    theta = {r["method"]: r.get("theta") for r in run.records}
+    methods = _methods(run)
+    labels = [label for label, _, _ in methods]
+    family = {label: f for label, f, _ in methods}
+    theta = {label: t for label, _, t in methods}
     peers = [p for p in LLAMA_PEERS if p in labels]
-    faster_peer = max(peers, key=lambda p: paired_ratio(run.records, p, "ar"), default=None)
+    faster_peer = max(peers, key=lambda p: _ratio(run, p, "ar"), default=None)
     out = []
     for target in targets:
         if not _applies(target, run.temperature):
@@ -127,14 +161,14 @@ def check(run: Run, targets: Sequence[Target] = TARGETS) -> list[Check]:
             if target.family != "*" and (f != target.family or (f == "nsd" and theta[label] != 0.9)):
                 continue
             out.append(Check(run.name, target, label, reference,
-                             paired_ratio(run.records, label, reference), run.amx or not target.amx_only))
+                             _ratio(run, label, reference), run.amx or not target.amx_only))
     return out
 
 
 def shortfall(run: Run, method: str, at_least: float, reference: str = "ar") -> dict | None:
     """What ``method``'s time per token would have to be for ``at_least`` × the reference's
-    aggregate speed, and what each part would have to cost alone (None when it is met or
-    the run has no paired prompts)."""
+    aggregate speed, and what each part would have to cost alone (None when it is met,
+    the run has no paired prompts, or only its summary is at hand)."""
     pairs = [(rs[method], rs[reference]) for rs in by_prompt(run.records).values()
              if method in rs and reference in rs]
     if not pairs:
