@@ -152,6 +152,10 @@ def test_each_cited_commit_holds_its_run() -> None:
 
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip()
+    if shallow != "false":
+        pytest.skip("a shallow clone lacks the history the runs' commits are in")
     for run in (*headline.RUNS, *headline.FRONTIER, headline.VLLM):
         spec = f"{run.commit}:{headline.RESULTS}/{run.path}/settings.json"
         found = subprocess.run(["git", "cat-file", "-e", spec], cwd=ROOT, capture_output=True)
