@@ -60,7 +60,8 @@ def llama_build_id() -> str:
 
 # Environment variables read by nsd's llama.cpp patches (scripts/patches/) that change
 # which kernels run.
-_KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN")
+_KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN",
+                    "GGML_AVX2_SMALL_M", "GGML_AVX2_SMALL_MIN")
 
 
 def _backend_version(backend: ModelBackend) -> str:
