@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 from nsd import aggregate
 from nsd.bench import metrics
 from nsd.bench.methods import MethodSpec, is_peer_family
+from nsd.calibrate import kernel_switches
 from nsd.bench.store import write_json_atomic, write_text_atomic
 from nsd.machine import cpu_description
 
@@ -125,7 +126,7 @@ def environment() -> dict:
             versions[package] = None
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor(),
-            "cpu": cpu_description(), "versions": versions}
+            "cpu": cpu_description(), "kernel_switches": kernel_switches(), "versions": versions}
 
 
 def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
