@@ -15,6 +15,17 @@ the AMX tile kernel, whose fixed cost per call made two tokens cost ~1.7 one-tok
   ``GGML_NO_AMX=1`` (before llama.cpp loads), so the weights take the repacked layout a
   CPU without AMX would use: the same kernels, this machine's memory.
 
+* ``--kernel avx2`` (any x86 CPU with AVX2 and FMA whose llama.cpp was built without the
+  AVX-512 VNNI kernels: an AVX2-only CPU, or ``NSD_CPU_LEVEL=avx2 bash scripts/install.sh``
+  elsewhere): ``scripts/patches/ggml-avx2-small-batch.patch`` gives the same two weight
+  types AVX2 kernels that read each weight block once for up to 16 rows (Q4_0: prompts in
+  groups of 16) and accumulate every row in one order whatever the number of rows, so the
+  one-token step goes through them too (``GGML_AVX2_SMALL_M``). Its agreement table adds
+  ``batch rows == one-token steps``: whether each row of a batch is bitwise the logits of
+  decoding the same tokens one at a time, for both paths.
+
+``--prefill N`` also times a prompt of N tokens (no cache) on both paths, interleaved.
+
 The patched library reads the ``*_SMALL_M`` variable on every matmul, so this script measures
 both paths in one process, interleaved:
 
@@ -59,6 +70,7 @@ NS = (1, 2, 3, 5, 9, 17)
 KERNELS = {
     "amx": ("GGML_AMX_SMALL_M", 10, ("amx tiles", "vnni small-batch")),
     "vnni": ("GGML_VNNI_SMALL_M", None, ("ggml", "vnni small-batch")),  # None: the patch's bounds
+    "avx2": ("GGML_AVX2_SMALL_M", None, ("ggml", "avx2 small-batch")),
 }
 PROMPT = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass Record:\n"
@@ -114,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
                          + ", ".join(f"{k} {v[1] or 'unset'}" for k, v in KERNELS.items()) + ")")
     ap.add_argument("--ns", default=",".join(map(str, NS)),
                     help="comma-separated token counts n, starting with 1 (default: %(default)s)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also time a prompt of this many tokens on both paths (default: none)")
+    ap.add_argument("--prefill-repeats", type=int, default=3,
+                    help="timed prompts per path (default: %(default)s; each is a long forward)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
@@ -126,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     small_m = default_m if args.small_m is None else args.small_m
     if small_m is not None and small_m < 1:
         ap.error("--small-m must be at least 1")
-    if args.kernel == "vnni":
+    if args.kernel in ("vnni", "avx2"):
         os.environ["GGML_NO_AMX"] = "1"  # read once, when llama.cpp lists its weight layouts
     try:
         loaded = load_backend(args.target, BackendOptions(weights=args.weights, threads=args.threads))
@@ -163,6 +179,29 @@ def main(argv: list[str] | None = None) -> int:
                     logits[name][n] = out.clone()
                 else:
                     times[name][n].append(dt)
+    prefill_times: dict[str, list[float]] = {p: [] for p in paths}
+    long_prompt = (prompt * (args.prefill // max(len(prompt), 1) + 1))[:args.prefill]
+    for rep in range(args.prefill_repeats + 1 if args.prefill else 0):
+        for name, value in paths.items():
+            _set_path(variable, value)
+            backend.reset()
+            t0 = time.perf_counter()
+            backend.forward(long_prompt, all_logits=False)
+            dt = time.perf_counter() - t0
+            if rep:
+                prefill_times[name].append(dt)
+    if args.prefill:  # back to the state the agreement check below assumes
+        backend.reset()
+        backend.forward(prompt, all_logits=False)
+    # Batch invariance: the rows of a batch against the same tokens decoded one at a time.
+    invariant: dict[str, dict[int, bool]] = {}
+    for name, value in paths.items():
+        _set_path(variable, value)
+        steps = []
+        for t in cont[:max(ns)]:
+            steps.append(backend.forward([t])[-1])
+        backend.rewind(len(prompt))
+        invariant[name] = {n: all(torch.equal(logits[name][n][i], steps[i]) for i in range(n)) for n in ns}
     os.environ.pop(variable, None)
     result: dict = {"kernel": args.kernel, "small_m": small_m, "cpu": cpu_description(),
                     "file": Path(loaded.file).name, "weights": loaded.weights,
@@ -173,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         med = {n: statistics.median(times[name][n]) for n in ns}
         result["paths"][name] = {"c_ms": {n: 1000 * med[n] for n in ns},
                                  "ratio": {n: med[n] / med[1] for n in ns}}
+    if args.prefill:
+        result["prefill"] = {"tokens": len(long_prompt), "repeats": args.prefill_repeats,
+                             "ms": {p: 1000 * statistics.median(prefill_times[p]) for p in paths}}
+    result["batch_rows_equal_one_token_steps"] = invariant
     one = {name: logits[name][1] for name in paths}
     for n in ns[1:]:
         a, b = logits[theirs][n], logits[ours][n]
@@ -195,6 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         same = " (same path: n > --small-m)" if _same(n, small_m) else ""
         print(f"n={n}: argmax agree {g['argmax_agree']:.3f}, TV max {g['tv_max']:.4f} "
               f"mean {g['tv_mean']:.4f}, max |dlogit| {g['max_abs_logit']:.3f}{same}")
+    ratio1 = result["paths"][ours]["c_ms"][1] / result["paths"][theirs]["c_ms"][1]
+    print(f"one-token step: {ours} / {theirs} = {ratio1:.3f}")
+    for name in paths:
+        rows = invariant[name]
+        print(f"{name}: batch rows bitwise equal to one-token steps for n = "
+              + (",".join(str(n) for n in ns if rows[n]) or "none"))
+    if args.prefill:
+        pm = result["prefill"]["ms"]
+        print(f"prefill of {len(long_prompt)} tokens: {theirs} {pm[theirs]:.0f} ms, {ours} {pm[ours]:.0f} ms "
+              f"({pm[theirs] / pm[ours]:.2f}x)")
     if args.out:
         path = Path(args.out)
         tmp = path.with_suffix(".tmp")

@@ -7,28 +7,31 @@
 # Idempotent: the binaries are reused while the flags and patches match.
 #
 # Environment:
-#   NSD_CACHE   cache root (default: ~/.cache/nsd); binaries go to $NSD_CACHE/llama-tools/bin
+#   NSD_CACHE      cache root (default: ~/.cache/nsd); binaries go to $NSD_CACHE/llama-tools/bin
+#   NSD_CPU_LEVEL  avx2: the AVX2-only build (as install.sh), into $NSD_CACHE/llama-tools-avx2
 set -euo pipefail
 
-LLAMA_CPP_VERSION="0.3.36"  # the llama-cpp-python release whose vendored llama.cpp we build
 TARGETS=(llama-speculative-simple)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${NSD_CACHE:-$HOME/.cache/nsd}"
 OUT="$CACHE/llama-tools"
 PY="$ROOT/.venv/bin/python"
+if [[ "${NSD_CPU_LEVEL:-native}" == "avx2" ]]; then
+    OUT="$CACHE/llama-tools-avx2"
+    [[ -x "$ROOT/.venv-avx2/bin/python" ]] && PY="$ROOT/.venv-avx2/bin/python"
+fi
 [[ -x "$PY" ]] || PY="${PYTHON:-python3}"
 
 say() { printf '[llama-tools] %s\n' "$*"; }
 
-source "$ROOT/scripts/llama_cmake_args.sh"
+# CMAKE_ARGS, PATCH_SUM and llama_source (the patched source), shared with install.sh
+source "$ROOT/scripts/llama_build.sh"
 # The programs only: no tests, no web UI, no TLS; static so each binary stands alone.
 CMAKE_ARGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF"
 CMAKE_ARGS+=" -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release"
 
-PATCHES=("$ROOT"/scripts/patches/*.patch)
-patch_sum="$(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
-stamp="llama-cpp-python=$LLAMA_CPP_VERSION CMAKE_ARGS=$CMAKE_ARGS patches=$patch_sum targets=${TARGETS[*]}"
+stamp="llama-cpp-python=$LLAMA_CPP_VERSION CMAKE_ARGS=$CMAKE_ARGS patches=$PATCH_SUM targets=${TARGETS[*]}"
 
 up_to_date() {
     [[ -f "$OUT/BUILD_STAMP" && "$(cat "$OUT/BUILD_STAMP")" == "$stamp" ]] || return 1
@@ -45,17 +48,7 @@ say "CMAKE_ARGS=$CMAKE_ARGS"
 mkdir -p "$CACHE"
 tmp="$(mktemp -d "$CACHE/llama-tools-build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-"$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$tmp/sdist" \
-    "llama-cpp-python==$LLAMA_CPP_VERSION"
-tar -xzf "$tmp"/sdist/llama_cpp_python-"$LLAMA_CPP_VERSION".tar.gz -C "$tmp"
-src="$tmp/llama_cpp_python-$LLAMA_CPP_VERSION"
-for p in "${PATCHES[@]}"; do
-    say "applying $(basename "$p")"
-    if ! patch --batch --forward --silent -p1 -d "$src" < "$p"; then
-        say "ERROR: $(basename "$p") no longer applies to llama-cpp-python $LLAMA_CPP_VERSION"
-        exit 1
-    fi
-done
+src="$(llama_source "$tmp")"
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags
 cmake -S "$src/vendor/llama.cpp" -B "$tmp/build" $CMAKE_ARGS > "$tmp/configure.log" \
     || { cat "$tmp/configure.log"; exit 1; }

@@ -5,24 +5,30 @@
 # wheel. Needs python3 (with venv and pip), gcc/g++, cmake and access to PyPI.
 #
 # Environment:
-#   NSD_CACHE   cache root (default: ~/.cache/nsd); the wheel goes to $NSD_CACHE/llama-wheel
-#   PYTHON      interpreter used to create the venv (default: python3)
+#   NSD_CACHE      cache root (default: ~/.cache/nsd); the wheel goes to $NSD_CACHE/llama-wheel
+#   NSD_CPU_LEVEL  avx2: build llama.cpp for AVX2 only (AVX-VNNI, AVX-512, AMX left out), the
+#                  kernels of AVX2-only CPUs, into .venv-avx2 with its own wheel cache
+#                  (llama-wheel-avx2); unset or native: for everything this CPU has
+#   PYTHON         interpreter used to create the venv (default: python3)
 set -euo pipefail
 
-LLAMA_CPP_VERSION="0.3.36"
 TORCH_VERSION="2.13.0"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${NSD_CACHE:-$HOME/.cache/nsd}"
 WHEEL_DIR="$CACHE/llama-wheel"
 VENV="$ROOT/.venv"
+if [[ "${NSD_CPU_LEVEL:-native}" == "avx2" ]]; then
+    WHEEL_DIR="$CACHE/llama-wheel-avx2"
+    VENV="$ROOT/.venv-avx2"
+fi
 PY="$VENV/bin/python"
 
 say() { printf '[install] %s\n' "$*"; }
 
 # ---------------------------------------------------------------- venv and nsd itself
 if [[ ! -x "$PY" ]]; then
-    say "creating virtual environment in .venv"
+    say "creating virtual environment in $(basename "$VENV")"
     "${PYTHON:-python3}" -m venv "$VENV"
 fi
 say "installing torch==$TORCH_VERSION"
@@ -31,16 +37,14 @@ say "installing nsd (editable, with test extras)"
 "$PY" -m pip install --quiet -e "$ROOT[test]"
 
 # ---------------------------------------------------------------- llama-cpp-python
-# CMAKE_ARGS: exactly the x86 extensions this CPU reports (see llama_cmake_args.sh).
-source "$ROOT/scripts/llama_cmake_args.sh"
-
-PATCHES=("$ROOT"/scripts/patches/*.patch)
-patch_sum="$(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)"
+# CMAKE_ARGS: exactly the x86 extensions this CPU reports (see llama_cmake_args.sh);
+# llama_source: the patched source (llama_build.sh, shared with build_llama_tools.sh).
+source "$ROOT/scripts/llama_build.sh"
 
 # The cached wheel is only reused if it was built with exactly these flags and patches (a
 # wheel built for another CPU can crash here); both are stored next to it.
 STAMP="$WHEEL_DIR/BUILD_STAMP"
-stamp="CMAKE_ARGS=$CMAKE_ARGS patches=$patch_sum"
+stamp="CMAKE_ARGS=$CMAKE_ARGS patches=$PATCH_SUM"
 wheel="$(ls "$WHEEL_DIR"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
 if [[ -n "$wheel" && -f "$STAMP" && "$(cat "$STAMP")" == "$stamp" ]]; then
     say "using cached llama-cpp-python wheel: $wheel"
@@ -50,18 +54,7 @@ else
     mkdir -p "$CACHE"
     tmp="$(mktemp -d "$CACHE/llama-build.XXXXXX")"
     trap 'rm -rf "$tmp"' EXIT
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$tmp/sdist" \
-        "llama-cpp-python==$LLAMA_CPP_VERSION"
-    tar -xzf "$tmp"/sdist/llama_cpp_python-"$LLAMA_CPP_VERSION".tar.gz -C "$tmp"
-    src="$tmp/llama_cpp_python-$LLAMA_CPP_VERSION"
-    for p in "${PATCHES[@]}"; do
-        say "applying $(basename "$p")"
-        if ! patch --batch --forward --silent -p1 -d "$src" < "$p"; then
-            say "ERROR: $(basename "$p") no longer applies to llama-cpp-python $LLAMA_CPP_VERSION;"
-            say "       update the patch (or drop it if upstream fixed the problem) before building."
-            exit 1
-        fi
-    done
+    src="$(llama_source "$tmp")"
     # --no-cache-dir: pip's own wheel cache is keyed by the source, not by CMAKE_ARGS,
     # and would hand back a wheel built with other flags.
     CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \

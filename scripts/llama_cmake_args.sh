@@ -15,10 +15,24 @@
 # llama.cpp source before every build, on every CPU, and the build stops if it no longer
 # applies. AMX is switched on only where the CPU reports amx_tile and amx_int8.
 # LLAVA_BUILD=OFF skips the multimodal library, which nsd does not use.
+#
+# NSD_CPU_LEVEL=avx2 builds for AVX2 (with FMA, F16C, BMI2) and leaves AVX-VNNI, AVX-512 and
+# AMX out even where the CPU has them: the kernels of AVX2-only CPUs (AMD Zen 2/3, older
+# Intel), runnable and testable on any recent x86 machine. Unset (or "native"): everything
+# this CPU reports.
 cpu_flags=""
 if [[ "$(uname -m)" == "x86_64" && -r /proc/cpuinfo ]]; then
     cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 fi
+case "${NSD_CPU_LEVEL:-native}" in
+    native) ;;
+    avx2)
+        [[ -n "$cpu_flags" ]] || { echo "NSD_CPU_LEVEL=avx2 needs an x86-64 Linux CPU" >&2; exit 1; }
+        cpu_flags="$(tr ' ' '\n' <<< "$cpu_flags" | grep -Ev '^(avx_vnni|avx512.*|amx.*)$' | tr '\n' ' ')"
+        cpu_flags=" $cpu_flags "
+        ;;
+    *) echo "NSD_CPU_LEVEL must be native or avx2, got '$NSD_CPU_LEVEL'" >&2; exit 1 ;;
+esac
 has() { # has FLAG... : true when the CPU reports every FLAG
     local f
     for f in "$@"; do [[ "$cpu_flags" == *" $f "* ]] || return 1; done

@@ -471,18 +471,25 @@ def test_calibration_key_names_the_weight_layouts_and_kernel_switches(
     the calibration key, as the library build is."""
     from nsd.calibrate import calibration_key
 
-    for name in ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN"):
+    from nsd.calibrate import _KERNEL_SWITCHES
+
+    for name in _KERNEL_SWITCHES:
         monkeypatch.delenv(name, raising=False)
     with LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as repack, \
             LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX, use_extra_bufts=False) as plain:
         keys = {"repack": calibration_key(repack, gguf, 4), "plain": calibration_key(plain, gguf, 4)}
         monkeypatch.setenv("GGML_VNNI_SMALL_M", "0")
         keys["switched"] = calibration_key(repack, gguf, 4)
+        # the AVX2 kernels' switches too: the row cap and the one-row (batch-invariant) step
+        monkeypatch.setenv("GGML_AVX2_SMALL_MIN", "2")
+        keys["avx2"] = calibration_key(repack, gguf, 4)
     assert "buffers=" in keys["repack"]["backend"]
     if repack.weight_buffers != plain.weight_buffers:
         assert keys["repack"] != keys["plain"]
     assert keys["switched"] != keys["repack"]
     assert keys["switched"]["backend"].endswith("GGML_VNNI_SMALL_M=0")
+    assert keys["avx2"] != keys["switched"]
+    assert keys["avx2"]["backend"].endswith("GGML_VNNI_SMALL_M=0,GGML_AVX2_SMALL_MIN=2")
 
 
 def test_calibration_key_of_the_reduced_drafts_wrapper_names_the_wrapped_kernels(

@@ -60,7 +60,15 @@ def llama_build_id() -> str:
 
 # Environment variables read by nsd's llama.cpp patches (scripts/patches/) that change
 # which kernels run.
-_KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN")
+_KERNEL_SWITCHES = ("GGML_NO_AMX", "GGML_AMX_SMALL_M", "GGML_VNNI_SMALL_M", "GGML_VNNI_SMALL_MIN",
+                    "GGML_AVX2_SMALL_M", "GGML_AVX2_SMALL_MIN")
+
+
+def kernel_switches() -> str:
+    """The patches' kernel switches set in this process ("" where none is): they decide which
+    kernels run, and whether a row's logits depend on its batch (GGML_AVX2_SMALL_MIN=2 and
+    GGML_AVX2_SMALL_M=0 drop the AVX2 kernels' batch invariance), so reports name them."""
+    return ",".join(f"{v}={os.environ[v]}" for v in _KERNEL_SWITCHES if v in os.environ)
 
 
 def _backend_version(backend: ModelBackend) -> str:
@@ -77,7 +85,7 @@ def _backend_version(backend: ModelBackend) -> str:
         # the same build runs other ones with GGML_NO_AMX=1 or use_extra_bufts off.
         buffers = ",".join(getattr(backend, "weight_buffers", ()))
         # ... and so do the patches' switches, which a user may set (benchmarks do).
-        switches = ",".join(f"{v}={os.environ[v]}" for v in _KERNEL_SWITCHES if v in os.environ)
+        switches = kernel_switches()
         return (f"{name}/{llama_cpp.__version__}/build={llama_build_id()}"
                 f"/fa={getattr(backend, 'flash_attn', None)}/buffers={buffers}"
                 + (f"/{switches}" if switches else ""))

@@ -16,6 +16,7 @@ from typing import Sequence
 from nsd.aggregate import deviation_per_token, median, speedup, tau
 from nsd.bench.runner import WARMUP_TOKENS
 from nsd.bench.schedule import method_order
+from nsd.calibrate import kernel_switches
 from nsd.errors import NSDError
 from nsd.machine import cpu_description
 
@@ -70,7 +71,9 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
 
     k_of = {c.method: c.k for c in configs}
     threads = engine.target.n_threads if hasattr(engine.target, 'n_threads') else '?'
-    lines = [f"CPU: {cpu_description()['model']}, {threads} threads; proposer: {engine.proposer_kind}",
+    switches = kernel_switches()  # e.g. GGML_AVX2_SMALL_MIN=2: rows no longer batch-invariant
+    lines = [f"CPU: {cpu_description()['model']}, {threads} threads; proposer: {engine.proposer_kind}"
+             + (f"; kernel switches: {switches}" if switches else ""),
              "",
              "| method | k | tokens | tok/s (median) | tau | acceptance | D/token | speedup vs AR | speedup vs SD |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -20,6 +20,7 @@ from nsd.bench import metrics
 from nsd.bench.methods import LLAMA_PEERS, MethodSpec, is_peer_family
 from nsd.bench.speed import paired_ratio
 from nsd.bench.store import SUMMARY, write_json_atomic, write_text_atomic
+from nsd.calibrate import kernel_switches
 from nsd.machine import cpu_description
 
 
@@ -126,7 +127,7 @@ def environment() -> dict:
             versions[package] = None
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "processor": platform.processor(),
-            "cpu": cpu_description(), "versions": versions}
+            "cpu": cpu_description(), "kernel_switches": kernel_switches(), "versions": versions}
 
 
 def _num(value: float | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
