@@ -390,14 +390,19 @@ class Engine:
         holds the :class:`TokenInfo` of the tokens whose text it completes (a last, possibly
         empty, chunk carries those of the tokens still held back)."""
         joined: list[CostModelK] = []  # a batch's plan to leave, however this ends
+        prepared: list[int] = []  # prompt tokens the prefix cache found, once it looked
         try:
-            return (yield from self._stream(prompt_ids, config, joined))
+            return (yield from self._stream(prompt_ids, config, joined, prepared))
+        except GeneratorExit:  # closed early (a cancelled request): its reuse counts too
+            if prepared and self.prefix_cache is not None:
+                self.prefix_cache.record(len(prompt_ids), prepared[0])
+            raise
         finally:
             for policy in joined:
                 policy.end()
 
     def _stream(self, prompt_ids: Sequence[int], config: GenerationConfig,
-                joined: list[CostModelK]) -> Generator[str, None, GenerationResult]:
+                joined: list[CostModelK], prepared: list[int]) -> Generator[str, None, GenerationResult]:
         decode_config = config.decode_config()
         # Refuse up front what cannot fit, rather than fail once the cache is full with the
         # tokens generated so far lost (the server checks the same before queueing).
@@ -413,8 +418,8 @@ class Engine:
         if cache is not None:
             # The draft's snapshot is of what the draft itself holds (behind the target's
             # after lookup blocks): its proposer reuses it only as far as it matches.
-            cache.prepare(self.target, self.draft if self.proposer_kind in NEEDS_DRAFT else None,
-                          prompt_ids)
+            prepared.append(cache.prepare(self.target, self.draft if self.proposer_kind in NEEDS_DRAFT
+                                          else None, prompt_ids))
         sink: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         pieces = _TokenText(self.tokenizer) if sink is not None else None
         infos: list[TokenInfo] = []
@@ -436,6 +441,7 @@ class Engine:
                 if cache is not None:
                     cache.record(stats.prompt_tokens, stats.cached_prompt_tokens,
                                  getattr(proposer, "reused_tokens", None))
+                    prepared.clear()  # counted: a close at the last text must not count it again
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.

@@ -278,8 +278,7 @@ class _Run:
             self.metrics.errors.inc()
             raise ApiError(500, "generation failed", type_="server_error")
         elif kind == "cancelled":
-            self.metrics.cancellations.labels(payload or "unknown").inc()
-            self._close()
+            self._cancelled(payload or "unknown")
             raise ApiError(503, "the server is shutting down", code="shutting_down",
                            type_="server_error")
         return kind, payload
@@ -296,7 +295,12 @@ class _Run:
             return
         self.job.cancel(reason)
         self.worker.withdraw(self.job)
+        self._cancelled(reason)
+
+    def _cancelled(self, reason: str) -> None:
         self.metrics.cancellations.labels(reason).inc()
+        if self.first_text is not None:  # its first token came: a TTFT like any other
+            self.metrics.ttft.observe(self.first_text - self.arrived)
         self._close()
 
     def _finish(self, result: GenerationResult, now: float) -> None:
