@@ -133,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         defaults=generation_config(args), host=args.host, port=args.port, api_key=args.api_key,
         queue_size=args.queue_size, request_timeout_s=args.request_timeout,
         shutdown_timeout_s=args.shutdown_timeout, prefix_cache_mb=args.prefix_cache_mb,
-        parallel=args.parallel, prefill_chunk=args.prefill_chunk)
+        parallel=args.parallel, prefill_chunk=args.prefill_chunk, max_stop=args.max_stop)
     run_server(config, lambda: make_engine(args), log_level=args.log_level)
     return 0
 

@@ -201,8 +201,9 @@ async def _admit(request: Request, served: _Served, chat: bool,
                  arrived: float) -> tuple[CompletionRequest | ChatRequest, Job]:
     """Validate, tokenise and queue a generation request; every refusal is an ApiError."""
     config, worker, metrics = served.config, served.worker, served.metrics
+    _check_content_type(request)
     raw = await _read_body(request, config.max_body_bytes)
-    req = parse_request(raw, ChatRequest if chat else CompletionRequest)
+    req = parse_request(raw, ChatRequest if chat else CompletionRequest, config.max_stop)
     if req.model != config.model_name:
         raise _unknown_model(req.model, config)
     # Validate every knob before tokenising; the token budget is fixed afterwards.
@@ -277,6 +278,18 @@ def _load_in_background(load_engine: Callable[[], Any],
             pass
 
     threading.Thread(target=run, name="nsd-load", daemon=True).start()
+
+
+def _check_content_type(request: Request) -> None:
+    """A body declared as anything but JSON is refused (415) rather than parsed as JSON;
+    one declared as nothing is read as JSON."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    media = given.partition(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), "
+                       f"got Content-Type {given!r}", code="unsupported_media_type")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
