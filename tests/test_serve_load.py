@@ -186,6 +186,47 @@ def test_sigterm_finishes_running_request_and_refuses_queued() -> None:
         proc.stderr.close()
 
 
+def _start_server_process() -> tuple[subprocess.Popen, str]:
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    assert "listening at http://" in proc.stderr.readline()  # while the model loads
+    line = proc.stderr.readline()
+    assert "nsd serve: mock at http://" in line, line
+    return proc, line.split(" at ", 1)[1].strip()
+
+
+def test_during_the_shutdown_grace_the_server_listens_and_answers_503_retry_after() -> None:
+    """Between SIGTERM and exit new requests and /health get 503 with Retry-After (what a
+    load balancer reads), not a refused connection; the running stream completes."""
+    proc, url = _start_server_process()
+    try:
+        results: dict[str, httpx.Response] = {}
+        running = threading.Thread(target=lambda: results.update(a=_post(url, "abc", 150, stream=True)))
+        running.start()  # ~3 s of tokens
+        wait_until(lambda: httpx.get(f"{url}/health").json()["busy"])
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: httpx.get(f"{url}/health").status_code == 503)
+        health = httpx.get(f"{url}/health")
+        assert health.json()["status"] == "shutting_down" and int(health.headers["retry-after"]) >= 1
+        for r in (_post(url, "abd", 5), _post(url, "abd", 5, stream=True),
+                  httpx.get(f"{url}/v1/models")):
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "shutting_down" and int(r.headers["retry-after"]) >= 1
+        assert running.is_alive()  # all that while the stream was still running
+        running.join(30)
+        assert proc.wait(30) == 0
+        events = sse_events(results["a"].text)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        with pytest.raises(httpx.ConnectError):  # gone once it has exited
+            httpx.get(f"{url}/health")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
 def test_follow_up_sent_as_the_client_drops_its_stream_reuses_its_prompt() -> None:
     """A chat UI's "stop" and an immediate retry: stream a turn, read its first content
     chunk, close the connection, and at once send the next turn (the same user message, the

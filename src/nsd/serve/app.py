@@ -31,7 +31,8 @@ from nsd.errors import NSDError
 from nsd.prefix_cache import PrefixCache
 from nsd.serve.config import ServerConfig
 from nsd.serve.metrics import ServeMetrics
-from nsd.serve.middleware import ApiMiddleware
+from nsd.serve.middleware import (LOADING_RETRY_AFTER_S, SHUTDOWN_RETRY_AFTER_S, ApiMiddleware,
+                                  shutting_down_error)
 from nsd.serve.protocol import (ApiError, ChatRequest, CompletionRequest, ResponseBuilder,
                                 generation_config, parse_request)
 from nsd.serve.relay import Run, client_gone, stream_events
@@ -113,7 +114,7 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     app.state.worker, app.state.metrics, app.state.config = worker, metrics, config
     app.state.model = model
     app.add_middleware(ApiMiddleware, api_key=config.api_key, metrics=metrics,
-                       ready=lambda: model.engine is not None)
+                       ready=lambda: model.engine is not None, closing=lambda: worker.closing)
     _add_error_handlers(app)
     _add_info_routes(app, served)
 
@@ -152,7 +153,10 @@ def _add_info_routes(app: FastAPI, served: _Served) -> None:
         status = "shutting_down" if worker.closing else model.status
         body = {"status": status, "model": config.model_name, "busy": worker.busy,
                 "running": worker.running, "parallel": config.parallel, "queue_depth": worker.depth}
-        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+        if status == "ok":
+            return JSONResponse(body)
+        retry = LOADING_RETRY_AFTER_S if status == "loading" else SHUTDOWN_RETRY_AFTER_S
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -230,8 +234,7 @@ async def _admit(request: Request, served: _Served, chat: bool,
                        headers={"Retry-After": str(exc.retry_after_s)}) from None
     except ShuttingDown:
         metrics.rejections.labels("shutting_down").inc()
-        raise ApiError(503, "the server is shutting down", code="shutting_down",
-                       type_="server_error") from None
+        raise shutting_down_error() from None
     return req, job
 
 

@@ -17,15 +17,27 @@ from nsd.serve.protocol import ApiError
 log = logging.getLogger("nsd.serve")
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 OPEN_PATHS = ("/health",)  # liveness probes need no key
 LOADING_PATHS = ("/health", "/metrics")  # answered while the model loads; the rest get 503
 LOADING_RETRY_AFTER_S = 5
+# During a graceful shutdown the server still listens and answers 503 (a load balancer's
+# health check reads it and sends the traffic elsewhere); its clients may try again then.
+SHUTDOWN_RETRY_AFTER_S = 5
+SHUTDOWN_HEADERS = {"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)}
+
+
+def shutting_down_error() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down",
+                    type_="server_error", headers=SHUTDOWN_HEADERS)
 
 
 class ApiMiddleware:
     """Bearer-key check before anything else (a wrong key learns nothing, not even which
-    paths exist), 503 while the model loads, a request count per endpoint and status, and
-    the answer to any unexpected exception: a 500 error object, never a traceback.
+    paths exist), 503 while the model loads and once a shutdown has begun (both with
+    ``Retry-After``; ``/health`` and ``/metrics`` still answer), a request count per
+    endpoint and status, and the answer to any unexpected exception: a 500 error object,
+    never a traceback.
 
     It sits inside Starlette's ServerErrorMiddleware, so no exception reaches that one, which
     would re-raise it to uvicorn after answering, and uvicorn then drops the connection
@@ -33,8 +45,9 @@ class ApiMiddleware:
     keep-alive connection stays usable."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServeMetrics,
-                 ready: Callable[[], bool] = lambda: True) -> None:
-        self.app, self.metrics, self.ready = app, metrics, ready
+                 ready: Callable[[], bool] = lambda: True,
+                 closing: Callable[[], bool] = lambda: False) -> None:
+        self.app, self.metrics, self.ready, self.closing = app, metrics, ready, closing
         self.key = None if api_key is None else api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,15 +64,11 @@ class ApiMiddleware:
             await send(message)
 
         try:
-            if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope):
-                error = ApiError(401, "invalid or missing API key", code="invalid_api_key",
-                                 headers={"WWW-Authenticate": "Bearer"})
-                await send_error(error, scope, receive, counting_send)
-            elif not self.ready() and path not in LOADING_PATHS:
-                error = ApiError(503, "the model is still loading; retry shortly",
-                                 code="model_loading", type_="server_error",
-                                 headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
-                await send_error(error, scope, receive, counting_send)
+            refusal = self._refusal(path, scope)
+            if refusal is not None:
+                if refusal.code == "shutting_down" and path in GENERATION_PATHS:
+                    self.metrics.rejections.labels("shutting_down").inc()
+                await send_error(refusal, scope, receive, counting_send)
             else:
                 await self.app(scope, receive, counting_send)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
@@ -73,6 +82,21 @@ class ApiMiddleware:
         finally:
             # No status sent: the client left before its answer (nginx's 499).
             self.metrics.requests.labels(endpoint, str(status[0] or 499)).inc()
+
+    def _refusal(self, path: str, scope: Scope) -> ApiError | None:
+        """What the request gets instead of its route, if anything."""
+        if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope):
+            return ApiError(401, "invalid or missing API key", code="invalid_api_key",
+                            headers={"WWW-Authenticate": "Bearer"})
+        if path in LOADING_PATHS:  # these say for themselves how the server stands
+            return None
+        if not self.ready():
+            return ApiError(503, "the model is still loading; retry shortly",
+                            code="model_loading", type_="server_error",
+                            headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+        if self.closing():
+            return shutting_down_error()
+        return None
 
     def _authorized(self, scope: Scope) -> bool:
         # "Bearer" is an auth-scheme, and RFC 7235 makes those case-insensitive.

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from nsd.api import GenerationResult
 from nsd.errors import NSDError
 from nsd.serve.metrics import ServeMetrics
+from nsd.serve.middleware import shutting_down_error
 from nsd.serve.protocol import ApiError, ResponseBuilder, finish_reason, sse
 from nsd.serve.worker import DecodeWorker, Job
 
@@ -57,8 +58,7 @@ class Run:
             raise ApiError(500, "generation failed", type_="server_error")
         elif kind == "cancelled":
             self._cancelled(payload or "unknown")
-            raise ApiError(503, "the server is shutting down", code="shutting_down",
-                           type_="server_error")
+            raise shutting_down_error()
         return kind, payload
 
     async def result(self) -> GenerationResult:
