@@ -20,7 +20,7 @@ from nsd.calibrate import BATCH_CONTEXT
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
-from nsd.options import NEEDS_DRAFT, PROPOSERS, default_proposer
+from nsd.options import NEEDS_DRAFT, PROPOSERS, RELAXED_METHODS, default_proposer
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
@@ -275,7 +275,10 @@ class Engine:
         policy = CostModelK(costs, AcceptanceTracker(config.k_max, priors.draft),
                             config.k_max, seed=config.seed, lookup_tracker=lookup,
                             lookup_prior=priors.for_lookup if lookup is not None else None)
-        if hasattr(self.target, "batch_others"):  # a slot of batched(): price the shared forwards
+        # A slot of batched(): price the shared forwards, and join the batch's plan. Not a
+        # greedy request whose rule can relax: its text depends on what was drafted, so it
+        # drafts as it would alone and gives the same text whatever runs beside it.
+        if hasattr(self.target, "batch_others") and not drafts_shape_text(config):
             draft_table = self.draft_model.step_costs(config.k_max + 1) if drafts else ()
             priced: dict[tuple[int, int], StepCosts] = {}
 
@@ -480,6 +483,13 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
+
+
+def drafts_shape_text(config: DecodeConfig) -> bool:
+    """Whether a generation's text depends on which tokens were drafted, not only on its
+    seed: greedy decoding under a rule that can relax (NSD, typical acceptance). A greedy
+    exact run emits the target's argmax whatever was drafted."""
+    return config.sampling.greedy and method_name(config) in RELAXED_METHODS
 
 
 def _nonempty(ids: list[int]) -> list[int]:

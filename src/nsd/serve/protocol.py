@@ -500,7 +500,11 @@ def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
-            "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
+            # relaxed: whether the relaxed rule moved any position off the exact
+            # distribution (D > 0); false: the text is exact SD's (at temperature 0, the
+            # target's greedy text), so a client can tell without reading D.
+            "nsd": {**stats.to_dict(), **method_report(config, stats.method),
+                    "relaxed": stats.deviation > 0}}
 
 
 class ResponseBuilder:
