@@ -48,9 +48,10 @@ class MockLM:
             del self._tokens[num_tokens:]
 
     def reset(self, seq: int | None = None) -> None:
+        # As the real backends: ``seq`` empties that sequence alone, None empties all.
         if seq:
             with self._bound(seq):
-                return self.reset()
+                return self.reset(0)
         if seq is None:
             self._others = [[] for _ in getattr(self, "_others", [])]
         self._tokens = []

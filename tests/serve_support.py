@@ -64,17 +64,17 @@ def mock_engine(delay: float = 0.0, n_ctx: int | None = None) -> Engine:
 
 
 @contextlib.contextmanager
-def running_server(engine: Engine | None, config: ServerConfig,
+def running_server(engine: Engine | None, config: ServerConfig, startup_s: float = 10,
                    **app_options: Any) -> Iterator[tuple[str, Any]]:
     """Serve ``create_app(engine, config, **app_options)`` on 127.0.0.1 (free port); yield
-    (base URL, app)."""
+    (base URL, app). ``startup_s``: how long the start (slots' cost measurement) may take."""
     app = create_app(engine, config, **app_options)
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + startup_s
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
         time.sleep(0.01)

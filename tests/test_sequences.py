@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import string
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -134,6 +135,81 @@ def test_transformers_float32_requests_batched_match_each_alone(hf_models) -> No
     for a, b in zip(alone, batched):
         _same(a, b)
     assert batcher.stats.largest == len(prompts)  # real padded batches of all four
+
+
+def _hf_backend(models: tuple[torch.nn.Module, torch.nn.Module]) -> Any:
+    from nsd.backends.hf import HFBackend
+
+    return HFBackend.from_model(models[0], max_len=64)
+
+
+@pytest.mark.parametrize("kind", ["mock", "transformers"])
+def test_resetting_one_sequence_empties_that_one_alone(kind: str, hf_models) -> None:
+    """reset(seq=s) empties sequence s and no other (as llama.cpp's backend does); reset()
+    with no sequence empties them all."""
+    backend = MockLM(seed=1) if kind == "mock" else _hf_backend(hf_models)
+    sizes = [3, 4, 2]
+    backend.set_sequences(len(sizes))
+    for seq, n in enumerate(sizes):
+        backend.forward_many([(seq, [5 + seq] * n, False)])
+
+    def held() -> list[int]:
+        return [backend.seq_num_cached(s) for s in range(len(sizes))]
+
+    assert held() == [3, 4, 2]
+    backend.reset(seq=2)
+    assert held() == [3, 4, 0] and backend.seq_cached_tokens(1) == [6] * 4
+    backend.reset(seq=0)
+    assert held() == [0, 4, 0]
+    backend.forward_many([(2, [9], False)])
+    backend.reset(seq=1)
+    assert held() == [0, 0, 1] and backend.seq_cached_tokens(2) == [9]
+    backend.reset()
+    assert held() == [0, 0, 0]
+
+
+def test_a_request_starting_on_slot_2_leaves_slots_1_and_3_decoding(hf_models) -> None:
+    """Three slots on the transformers backend: slots 1 and 3 decode, then a request
+    starts on slot 2 (its cache is reset first). Every request's tokens and statistics are
+    those it gets alone: the reset of slot 2 emptied no other slot's cache."""
+    prompts = [[(5 * i + 2 * j) % (VOCAB - 1) + 1 for j in range(6 + 3 * i)] for i in range(3)]
+    configs = [GenerationConfig(method="ar", max_new_tokens=40, temperature=1.0, seed=3),
+               GenerationConfig(method="ar", max_new_tokens=8, temperature=1.0, seed=7),
+               GenerationConfig(method="sd", k=2, max_new_tokens=40, temperature=0.0)]
+    alone = [_hf_engine(hf_models).generate(p, c) for p, c in zip(prompts, configs)]
+    engine = _hf_engine(hf_models)
+    slots, batcher = engine.batched(3)
+    results: list[Any] = [None] * 3
+    first_two = threading.Barrier(2)
+
+    def run(i: int) -> None:
+        if i == 1:  # the late one: joins once the others have run a few batches
+            wait_for(lambda: batcher.rounds >= 4)
+        with batcher.member():
+            if i != 1:
+                first_two.wait()
+            try:
+                results[i] = slots[i].generate(prompts[i], configs[i])
+            except Exception as exc:  # noqa: BLE001 - checked below
+                results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for a, b in zip(alone, results):
+        assert not isinstance(b, Exception), b
+        _same(a, b)
+    # Slot 2's request joined forwards of all three: slots 1 and 3 were still decoding.
+    assert batcher.stats.largest == 3
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.001)
 
 
 def test_one_requests_full_context_fails_it_alone(hf_models) -> None:

@@ -291,7 +291,10 @@ def test_models_health_metrics(server) -> None:
                  "nsd_time_to_first_token_seconds_bucket", "nsd_tokens_per_second_bucket",
                  "nsd_tau_bucket", "nsd_acceptance_by_position", "nsd_position_accepts_total",
                  "nsd_relaxed_accepts_total", "nsd_deviation_per_token_bucket", "nsd_queue_depth",
-                 "nsd_requests_in_progress", "nsd_queue_wait_seconds_bucket"):
+                 "nsd_requests_in_progress", "nsd_queue_wait_seconds_bucket",
+                 # the prompt cache's bytes beside its limit, and the process's memory
+                 "nsd_prefix_cache_bytes_held", "nsd_prefix_cache_budget_bytes 1.073741824e+09",
+                 "process_resident_memory_bytes"):
         assert name in text, name
     assert 'nsd_requests_total{endpoint="/v1/completions",status="200"}' in text
 

@@ -19,7 +19,7 @@ import pytest
 
 from nsd.api import GenerationConfig
 from nsd.serve import ServerConfig
-from serve_support import mock_engine, running_server, sse_events, wait_until
+from serve_support import MockTokenizer, mock_engine, running_server, sse_events, wait_until
 
 DELAY = 0.02  # seconds per target forward of the slow mock
 AR = GenerationConfig(method="ar", max_new_tokens=8)
@@ -184,3 +184,81 @@ def test_sigterm_finishes_running_request_and_refuses_queued() -> None:
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def _start_server_process() -> tuple[subprocess.Popen, str]:
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    assert "listening at http://" in proc.stderr.readline()  # while the model loads
+    line = proc.stderr.readline()
+    assert "nsd serve: mock at http://" in line, line
+    return proc, line.split(" at ", 1)[1].strip()
+
+
+def test_during_the_shutdown_grace_the_server_listens_and_answers_503_retry_after() -> None:
+    """Between SIGTERM and exit new requests and /health get 503 with Retry-After (what a
+    load balancer reads), not a refused connection; the running stream completes."""
+    proc, url = _start_server_process()
+    try:
+        results: dict[str, httpx.Response] = {}
+        running = threading.Thread(target=lambda: results.update(a=_post(url, "abc", 150, stream=True)))
+        running.start()  # ~3 s of tokens
+        wait_until(lambda: httpx.get(f"{url}/health").json()["busy"])
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: httpx.get(f"{url}/health").status_code == 503)
+        health = httpx.get(f"{url}/health")
+        assert health.json()["status"] == "shutting_down" and int(health.headers["retry-after"]) >= 1
+        for r in (_post(url, "abd", 5), _post(url, "abd", 5, stream=True),
+                  httpx.get(f"{url}/v1/models")):
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "shutting_down" and int(r.headers["retry-after"]) >= 1
+        assert running.is_alive()  # all that while the stream was still running
+        running.join(30)
+        assert proc.wait(30) == 0
+        events = sse_events(results["a"].text)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        with pytest.raises(httpx.ConnectError):  # gone once it has exited
+            httpx.get(f"{url}/health")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
+def test_follow_up_sent_as_the_client_drops_its_stream_reuses_its_prompt() -> None:
+    """A chat UI's "stop" and an immediate retry: stream a turn, read its first content
+    chunk, close the connection, and at once send the next turn (the same user message, the
+    assistant's answer, a new user message). The dropped stream's slot is busy until its
+    next block notices the cancellation; the follow-up waits for it rather than prefilling
+    the whole conversation in an empty slot. The cancelled turn's TTFT and prefix-cache
+    outcome (a miss) are in /metrics beside the follow-up's (a hit)."""
+    config = ServerConfig(model_name="mock", defaults=GenerationConfig(method="ar"), parallel=4)
+    code = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(60))  # ~1,500 tokens
+    first = [{"role": "user", "content": code}]
+    follow_up = first + [{"role": "assistant", "content": "Sure."},
+                         {"role": "user", "content": "Shorter please."}]
+    first_tokens = len(MockTokenizer().apply_chat_template(first))
+    engine = mock_engine(delay=0.002)
+    with running_server(engine, config) as (url, app), httpx.Client(timeout=60) as retry:
+        engine.target.delay = 0.5  # now that the slots' costs are measured: a real model's pace
+        body = {"model": "mock", "messages": first, "max_tokens": 8, "temperature": 0.0,
+                "stream": True}
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and \
+                            json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                        break  # the first content chunk: stop reading
+        # The connection is closed; the follow-up goes out at once (its client is ready).
+        r = retry.post(f"{url}/v1/chat/completions",
+                       json={"model": "mock", "messages": follow_up, "max_tokens": 4,
+                             "temperature": 0.0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= first_tokens - 1
+        wait_until(lambda: not app.state.worker.busy)
+        assert _metric(url, 'nsd_cancellations_total{reason="disconnect"}') == 1
+        assert _metric(url, "nsd_time_to_first_token_seconds_count") == 2
+        assert _metric(url, "nsd_prefix_cache_misses_total") == 1  # the cancelled first turn
+        assert _metric(url, "nsd_prefix_cache_hits_total") == 1  # the follow-up

@@ -20,7 +20,7 @@ from nsd.calibrate import BATCH_CONTEXT
 from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
-from nsd.options import NEEDS_DRAFT, PROPOSERS, default_proposer
+from nsd.options import NEEDS_DRAFT, PROPOSERS, RELAXED_METHODS, default_proposer
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
@@ -275,7 +275,10 @@ class Engine:
         policy = CostModelK(costs, AcceptanceTracker(config.k_max, priors.draft),
                             config.k_max, seed=config.seed, lookup_tracker=lookup,
                             lookup_prior=priors.for_lookup if lookup is not None else None)
-        if hasattr(self.target, "batch_others"):  # a slot of batched(): price the shared forwards
+        # A slot of batched(): price the shared forwards, and join the batch's plan. Not a
+        # greedy request whose rule can relax: its text depends on what was drafted, so it
+        # drafts as it would alone and gives the same text whatever runs beside it.
+        if hasattr(self.target, "batch_others") and not drafts_shape_text(config):
             draft_table = self.draft_model.step_costs(config.k_max + 1) if drafts else ()
             priced: dict[tuple[int, int], StepCosts] = {}
 
@@ -390,14 +393,19 @@ class Engine:
         holds the :class:`TokenInfo` of the tokens whose text it completes (a last, possibly
         empty, chunk carries those of the tokens still held back)."""
         joined: list[CostModelK] = []  # a batch's plan to leave, however this ends
+        prepared: list[int] = []  # prompt tokens the prefix cache found, once it looked
         try:
-            return (yield from self._stream(prompt_ids, config, joined))
+            return (yield from self._stream(prompt_ids, config, joined, prepared))
+        except GeneratorExit:  # closed early (a cancelled request): its reuse counts too
+            if prepared and self.prefix_cache is not None:
+                self.prefix_cache.record(len(prompt_ids), prepared[0])
+            raise
         finally:
             for policy in joined:
                 policy.end()
 
     def _stream(self, prompt_ids: Sequence[int], config: GenerationConfig,
-                joined: list[CostModelK]) -> Generator[str, None, GenerationResult]:
+                joined: list[CostModelK], prepared: list[int]) -> Generator[str, None, GenerationResult]:
         decode_config = config.decode_config()
         # Refuse up front what cannot fit, rather than fail once the cache is full with the
         # tokens generated so far lost (the server checks the same before queueing).
@@ -413,8 +421,8 @@ class Engine:
         if cache is not None:
             # The draft's snapshot is of what the draft itself holds (behind the target's
             # after lookup blocks): its proposer reuses it only as far as it matches.
-            cache.prepare(self.target, self.draft if self.proposer_kind in NEEDS_DRAFT else None,
-                          prompt_ids)
+            prepared.append(cache.prepare(self.target, self.draft if self.proposer_kind in NEEDS_DRAFT
+                                          else None, prompt_ids))
         sink: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         pieces = _TokenText(self.tokenizer) if sink is not None else None
         infos: list[TokenInfo] = []
@@ -436,6 +444,7 @@ class Engine:
                 if cache is not None:
                     cache.record(stats.prompt_tokens, stats.cached_prompt_tokens,
                                  getattr(proposer, "reused_tokens", None))
+                    prepared.clear()  # counted: a close at the last text must not count it again
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.
@@ -474,6 +483,13 @@ class Engine:
                 next(gen)
             except StopIteration as done:
                 return done.value
+
+
+def drafts_shape_text(config: DecodeConfig) -> bool:
+    """Whether a generation's text depends on which tokens were drafted, not only on its
+    seed: greedy decoding under a rule that can relax (NSD, typical acceptance). A greedy
+    exact run emits the target's argmax whatever was drafted."""
+    return config.sampling.greedy and method_name(config) in RELAXED_METHODS
 
 
 def _nonempty(ids: list[int]) -> list[int]:

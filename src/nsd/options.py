@@ -251,6 +251,9 @@ SERVING = _opts(
            help="with --parallel: a long forward beside other requests (a prompt's prefill) "
                 "runs N tokens per batched step, so their tokens keep coming meanwhile "
                 "(0: in one step)"),
+    Option("max_stop", 4, int, low=1, metavar="N",
+           help="most stop strings one request may give (OpenAI allows 4; each is searched "
+                "for in the text after every block)"),
 )
 
 # The options every front end takes (the server's own, SERVING, only `nsd serve` does).

@@ -264,9 +264,13 @@ class HFBackend:
         self._dynamic_len = num_tokens
 
     def reset(self, seq: int | None = None) -> None:
+        """Empty the cache: of sequence ``seq`` only when given, else of every sequence
+        (as :meth:`nsd.backends.llama_cpp.LlamaCppBackend.reset` does)."""
         if seq:
             with self._bound(seq):
-                return self.reset()
+                # seq 0 inside the binding: that one cache. None would empty them all, the
+                # other requests' running sequences included.
+                return self.reset(0)
         if seq is None:
             for cache in self._more_caches:
                 cache.reset()

@@ -2,9 +2,10 @@
 
 A generation request is validated and tokenised on the event loop side (tokenising in a
 thread pool), admitted to the worker's bounded FIFO queue or refused with 429, and then
-answered from the events the worker hands back: as one JSON body, or as server-sent events
-in OpenAI's chunk format ending with ``data: [DONE]``. No path returns a traceback, and no
-error costs the client its keep-alive connection.
+answered from the events the worker hands back (:mod:`nsd.serve.relay`): as one JSON body,
+or as server-sent events in OpenAI's chunk format ending with ``data: [DONE]``. No path
+returns a traceback, and no error costs the client its keep-alive connection
+(:mod:`nsd.serve.middleware`).
 
 The engine may be loaded after the app starts (``load_engine``): the server then listens at
 once, answering ``/health`` 503 ``loading`` and every other route 503 until it is ready.
@@ -14,36 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
-import logging
 import math
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nsd import options as optspec
-from nsd.api import GenerationResult
 from nsd.errors import NSDError
 from nsd.prefix_cache import PrefixCache
 from nsd.serve.config import ServerConfig
 from nsd.serve.metrics import ServeMetrics
+from nsd.serve.middleware import (LOADING_RETRY_AFTER_S, SHUTDOWN_RETRY_AFTER_S, ApiMiddleware,
+                                  shutting_down_error)
 from nsd.serve.protocol import (ApiError, ChatRequest, CompletionRequest, ResponseBuilder,
-                                finish_reason, generation_config, parse_request, sse)
+                                generation_config, parse_request)
+from nsd.serve.relay import Run, client_gone, stream_events
 from nsd.serve.worker import DecodeWorker, Job, QueueFull, ShuttingDown
-
-log = logging.getLogger("nsd.serve")
-
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
-OPEN_PATHS = ("/health",)  # liveness probes need no key
-LOADING_PATHS = ("/health", "/metrics")  # answered while the model loads; the rest get 503
-LOADING_RETRY_AFTER_S = 5
 
 
 class _Model:
@@ -56,6 +49,22 @@ class _Model:
     @property
     def status(self) -> str:
         return "ok" if self.engine is not None else ("failed" if self.error else "loading")
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no infinity: an unlimited budget or cap is reported as null."""
+    return None if isinstance(value, float) and math.isinf(value) else value
+
+
+@dataclass
+class _Served:
+    """What the routes share: the settings, the model (or its load), the worker, metrics."""
+
+    config: ServerConfig
+    model: _Model
+    worker: DecodeWorker
+    metrics: ServeMetrics
+    started: int
 
 
 def _json_number(value: Any) -> Any:
@@ -81,7 +90,7 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
                            lambda: worker.batcher, lambda: worker.running)
     if engine is not None:
         _attach_prefix_cache(engine, config)
-    started = int(time.time())
+    served = _Served(config, model, worker, metrics, int(time.time()))
 
     def loaded(result: Any, error: BaseException | None) -> None:
         model.engine, model.error = result, error
@@ -105,8 +114,22 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     app.state.worker, app.state.metrics, app.state.config = worker, metrics, config
     app.state.model = model
     app.add_middleware(ApiMiddleware, api_key=config.api_key, metrics=metrics,
-                       ready=lambda: model.engine is not None)
+                       ready=lambda: model.engine is not None, closing=lambda: worker.closing)
+    _add_error_handlers(app)
+    _add_info_routes(app, served)
 
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, served, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, served, chat=True)
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -120,24 +143,33 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     # Unexpected exceptions are answered by ApiMiddleware: a handler registered here for
     # Exception would answer but then re-raise, and uvicorn drops the connection for it.
 
+
+def _add_info_routes(app: FastAPI, served: _Served) -> None:
+    """``/health``, ``/metrics`` and the model list."""
+    config, worker, model = served.config, served.worker, served.model
+
     @app.get("/health")
     async def health() -> JSONResponse:
         status = "shutting_down" if worker.closing else model.status
         body = {"status": status, "model": config.model_name, "busy": worker.busy,
                 "running": worker.running, "parallel": config.parallel, "queue_depth": worker.depth}
-        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+        if status == "ok":
+            return JSONResponse(body)
+        retry = LOADING_RETRY_AFTER_S if status == "loading" else SHUTDOWN_RETRY_AFTER_S
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(retry)})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(served.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card() -> dict[str, Any]:
         # What a request gets for every ``nsd`` knob it leaves out: the server's settings,
         # keyed by the same option names the request's ``nsd`` object takes.
         defaults = {name: _json_number(getattr(config.defaults, name))
                     for name in (*optspec.RULE, *optspec.DRAFT_LENGTH)}
-        return {"id": config.model_name, "object": "model", "created": started, "owned_by": "nsd",
-                "nsd": {"defaults": defaults}}
+        return {"id": config.model_name, "object": "model", "created": served.started,
+                "owned_by": "nsd", "nsd": {"defaults": defaults}}
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -146,74 +178,83 @@ def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any]
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str) -> JSONResponse:
         if model_id != config.model_name:
-            raise ApiError(404, f"model {model_id!r} is not served here (this server has "
-                           f"{config.model_name!r})", param="model", code="model_not_found")
+            raise _unknown_model(model_id, config)
         return JSONResponse(model_card())
 
-    async def generate(request: Request, chat: bool) -> Response:
-        arrived = time.perf_counter()
-        raw = await _read_body(request, config.max_body_bytes)
-        req = parse_request(raw, ChatRequest if chat else CompletionRequest)
-        if req.model != config.model_name:
-            raise ApiError(404, f"model {req.model!r} is not served here (this server has "
-                           f"{config.model_name!r})", param="model", code="model_not_found")
-        # Validate every knob before tokenising; the token budget is fixed afterwards.
-        gen_config = generation_config(req, config.defaults,
-                                       req.requested_tokens or config.defaults.max_new_tokens,
-                                       check=worker.check)
-        engine = model.engine
-        vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
-        if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):
-            bad = next(t for t, _ in req.logit_bias_pairs if t >= vocab)
-            raise ApiError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})",
-                           param="logit_bias", code="invalid_value")
-        prompt_ids = await _encode(engine, req)
-        gen_config = dataclasses.replace(gen_config, max_new_tokens=_max_new_tokens(
-            req, len(prompt_ids), getattr(engine, "context_length", None),
-            config.defaults.max_new_tokens))
-        job = Job(prompt_ids, gen_config, asyncio.get_running_loop())
-        try:
-            worker.submit(job)
-        except QueueFull as exc:
-            metrics.rejections.labels("queue_full").inc()
-            raise ApiError(429, f"the server is busy: {config.queue_size} requests are already "
-                           "waiting; retry later", code="queue_full", type_="rate_limit_error",
-                           headers={"Retry-After": str(exc.retry_after_s)}) from None
-        except ShuttingDown:
-            metrics.rejections.labels("shutting_down").inc()
-            raise ApiError(503, "the server is shutting down", code="shutting_down",
-                           type_="server_error") from None
-        run = _Run(job, worker, metrics, arrived, arrived + config.request_timeout_s)
-        builder = ResponseBuilder(config.model_name, chat, gen_config)
-        if req.stream:
-            return StreamingResponse(_stream(run, builder, req.include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        collector = asyncio.ensure_future(run.result())
-        watcher = asyncio.ensure_future(_client_gone(request))
-        try:
-            await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # uvicorn gave up on this request (shutdown grace over)
-            collector.cancel()
-            run.abandon("shutdown")
-            raise
-        finally:
-            watcher.cancel()
-        if not collector.done():  # the client left: stop its generation at the next block
-            collector.cancel()
-            run.abandon("disconnect")
-            return Response(status_code=499)
-        return JSONResponse(builder.full(collector.result()))
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+def _unknown_model(name: str, config: ServerConfig) -> ApiError:
+    return ApiError(404, f"model {name!r} is not served here (this server has "
+                    f"{config.model_name!r})", param="model", code="model_not_found")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
 
-    return app
+async def _generate(request: Request, served: _Served, chat: bool) -> Response:
+    """A completion or chat completion: admitted, then answered whole or streamed."""
+    arrived = time.perf_counter()
+    req, job = await _admit(request, served, chat, arrived)
+    config = served.config
+    run = Run(job, served.worker, served.metrics, arrived, arrived + config.request_timeout_s)
+    builder = ResponseBuilder(config.model_name, chat, job.config)
+    if req.stream:
+        return StreamingResponse(stream_events(run, builder, req.include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _whole(request, run, builder)
+
+
+async def _admit(request: Request, served: _Served, chat: bool,
+                 arrived: float) -> tuple[CompletionRequest | ChatRequest, Job]:
+    """Validate, tokenise and queue a generation request; every refusal is an ApiError."""
+    config, worker, metrics = served.config, served.worker, served.metrics
+    _check_content_type(request)
+    raw = await _read_body(request, config.max_body_bytes)
+    req = parse_request(raw, ChatRequest if chat else CompletionRequest, config.max_stop)
+    if req.model != config.model_name:
+        raise _unknown_model(req.model, config)
+    # Validate every knob before tokenising; the token budget is fixed afterwards.
+    gen_config = generation_config(req, config.defaults,
+                                   req.requested_tokens or config.defaults.max_new_tokens,
+                                   check=worker.check)
+    engine = served.model.engine
+    vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
+    if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):
+        bad = next(t for t, _ in req.logit_bias_pairs if t >= vocab)
+        raise ApiError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})",
+                       param="logit_bias", code="invalid_value")
+    prompt_ids = await _encode(engine, req)
+    gen_config = dataclasses.replace(gen_config, max_new_tokens=_max_new_tokens(
+        req, len(prompt_ids), getattr(engine, "context_length", None),
+        config.defaults.max_new_tokens))
+    job = Job(prompt_ids, gen_config, asyncio.get_running_loop())
+    try:
+        worker.submit(job)
+    except QueueFull as exc:
+        metrics.rejections.labels("queue_full").inc()
+        raise ApiError(429, f"the server is busy: {config.queue_size} requests are already "
+                       "waiting; retry later", code="queue_full", type_="rate_limit_error",
+                       headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except ShuttingDown:
+        metrics.rejections.labels("shutting_down").inc()
+        raise shutting_down_error() from None
+    return req, job
+
+
+async def _whole(request: Request, run: Run, builder: ResponseBuilder) -> Response:
+    """The whole answer as one body; a client that leaves first stops its generation."""
+    collector = asyncio.ensure_future(run.result())
+    watcher = asyncio.ensure_future(client_gone(request))
+    try:
+        await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # uvicorn gave up on this request (shutdown grace over)
+        collector.cancel()
+        run.abandon("shutdown")
+        raise
+    finally:
+        watcher.cancel()
+    if not collector.done():  # the client left: stop its generation at the next block
+        collector.cancel()
+        run.abandon("disconnect")
+        return Response(status_code=499)
+    return JSONResponse(builder.full(collector.result()))
 
 
 def _attach_prefix_cache(engine: Any, config: ServerConfig) -> None:
@@ -242,102 +283,16 @@ def _load_in_background(load_engine: Callable[[], Any],
     threading.Thread(target=run, name="nsd-load", daemon=True).start()
 
 
-class _Run:
-    """The loop-side view of one admitted job: its deadline, timings and bookkeeping."""
-
-    def __init__(self, job: Job, worker: DecodeWorker, metrics: ServeMetrics, arrived: float,
-                 deadline: float) -> None:
-        self.job, self.worker, self.metrics = job, worker, metrics
-        self.arrived, self.deadline = arrived, deadline
-        self.started: float | None = None
-        self.first_text: float | None = None
-        self.closed = False
-        metrics.in_progress.inc()
-
-    async def next_event(self) -> tuple[str, Any]:
-        """The worker's next event; raises :class:`ApiError` (504) past the deadline."""
-        remaining = self.deadline - time.perf_counter()
-        try:
-            if remaining <= 0:
-                raise asyncio.TimeoutError
-            kind, payload = await asyncio.wait_for(self.job.events.get(), remaining)
-        except asyncio.TimeoutError:
-            self.abandon("timeout")
-            raise ApiError(504, "the request timed out", code="timeout", type_="server_error") from None
-        now = time.perf_counter()
-        if kind == "start":
-            self.started = now
-        elif kind == "chunk" and self.first_text is None:
-            self.first_text = now
-        elif kind == "done":
-            self._finish(payload, now)
-        elif kind == "error":
-            self._close()
-            if isinstance(payload, NSDError):
-                raise ApiError(400, str(payload), code="invalid_value")
-            self.metrics.errors.inc()
-            raise ApiError(500, "generation failed", type_="server_error")
-        elif kind == "cancelled":
-            self.metrics.cancellations.labels(payload or "unknown").inc()
-            self._close()
-            raise ApiError(503, "the server is shutting down", code="shutting_down",
-                           type_="server_error")
-        return kind, payload
-
-    async def result(self) -> GenerationResult:
-        while True:
-            kind, payload = await self.next_event()
-            if kind == "done":
-                return payload
-
-    def abandon(self, reason: str) -> None:
-        """Stop the job (at its next block, or now if it has not started)."""
-        if self.closed:
-            return
-        self.job.cancel(reason)
-        self.worker.withdraw(self.job)
-        self.metrics.cancellations.labels(reason).inc()
-        self._close()
-
-    def _finish(self, result: GenerationResult, now: float) -> None:
-        started = self.started if self.started is not None else now
-        ttft = None if self.first_text is None else self.first_text - self.arrived
-        self.metrics.observe(result, self.job.config.method, ttft, started - self.arrived,
-                             now - self.arrived)
-        self._close()
-
-    def _close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.metrics.in_progress.dec()
-
-
-async def _stream(run: _Run, builder: ResponseBuilder, include_usage: bool) -> AsyncIterator[bytes]:
-    try:
-        if builder.chat:
-            yield sse(builder.chunk(role=True))
-        while True:
-            try:
-                kind, payload = await run.next_event()
-            except ApiError as exc:  # headers are gone: report in-band, then end the stream
-                yield sse(exc.body())
-                break
-            except Exception:  # the same for a bug, so the stream still ends well-formed
-                log.exception("unexpected error in a stream")
-                yield sse(ApiError(500, "internal server error", type_="server_error").body())
-                break
-            if kind == "chunk":
-                yield sse(builder.chunk(text=payload))
-            elif kind == "done":
-                yield sse(builder.chunk(finish=finish_reason(payload)))
-                if include_usage:
-                    yield sse(builder.chunk(usage_body=builder.usage(payload)))
-                break
-        yield sse("[DONE]")
-    finally:
-        # Reached with the run still open only when the client went away mid-stream
-        # (the response task is cancelled); stop its generation.
-        run.abandon("disconnect")
+def _check_content_type(request: Request) -> None:
+    """A body declared as anything but JSON is refused (415) rather than parsed as JSON;
+    one declared as nothing is read as JSON."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    media = given.partition(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), "
+                       f"got Content-Type {given!r}", code="unsupported_media_type")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -405,75 +360,3 @@ def _max_new_tokens(req: CompletionRequest | ChatRequest, prompt_len: int, limit
         raise ApiError(400, f"{name}: {prompt_len} prompt tokens + {requested} new tokens exceed "
                        f"the context of {limit} tokens", param=name, code="context_length_exceeded")
     return requested
-
-
-async def _client_gone(request: Request) -> None:
-    """Return when the client disconnects (the body has been read, so only that is left)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class ApiMiddleware:
-    """Bearer-key check before anything else (a wrong key learns nothing, not even which
-    paths exist), 503 while the model loads, a request count per endpoint and status, and
-    the answer to any unexpected exception: a 500 error object, never a traceback.
-
-    It sits inside Starlette's ServerErrorMiddleware, so no exception reaches that one, which
-    would re-raise it to uvicorn after answering, and uvicorn then drops the connection
-    without a ``Connection: close``; here the 500 is an ordinary response and the
-    keep-alive connection stays usable."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServeMetrics,
-                 ready: Callable[[], bool] = lambda: True) -> None:
-        self.app, self.metrics, self.ready = app, metrics, ready
-        self.key = None if api_key is None else api_key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        endpoint = path if path in ENDPOINTS else "other"
-        status = [0]
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope):
-                error = ApiError(401, "invalid or missing API key", code="invalid_api_key",
-                                 headers={"WWW-Authenticate": "Bearer"})
-                await _send_error(error, scope, receive, counting_send)
-            elif not self.ready() and path not in LOADING_PATHS:
-                error = ApiError(503, "the model is still loading; retry shortly",
-                                 code="model_loading", type_="server_error",
-                                 headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
-                await _send_error(error, scope, receive, counting_send)
-            else:
-                await self.app(scope, receive, counting_send)
-        except ClientDisconnect:  # gone while sending its body: nobody to answer
-            pass
-        except Exception:
-            log.exception("unexpected error")  # the details go to the log, never to the client
-            if status[0]:  # the response has begun: it cannot become a 500 any more
-                raise
-            error = ApiError(500, "internal server error", type_="server_error")
-            await _send_error(error, scope, receive, counting_send)
-        finally:
-            # No status sent: the client left before its answer (nginx's 499).
-            self.metrics.requests.labels(endpoint, str(status[0] or 499)).inc()
-
-    def _authorized(self, scope: Scope) -> bool:
-        # "Bearer" is an auth-scheme, and RFC 7235 makes those case-insensitive.
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = given.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self.key)
-
-
-async def _send_error(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
-    response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-    await response(scope, receive, send)

@@ -28,6 +28,7 @@ class ServerConfig:
     prefix_cache_mb: float = 1024.0
     parallel: int = optspec.default("parallel")  # requests decoded at once (1: one at a time)
     prefill_chunk: int = optspec.default("prefill_chunk")  # tokens per step of a long forward
+    max_stop: int = optspec.default("max_stop")  # stop strings a request may give
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -36,6 +37,7 @@ class ServerConfig:
             raise NSDError(f"port must be in [0, 65535], got {self.port}")
         optspec.check("parallel", self.parallel)
         optspec.check("prefill_chunk", self.prefill_chunk)
+        optspec.check("max_stop", self.max_stop)
         if self.queue_size < 0:
             raise NSDError(f"queue size must be >= 0, got {self.queue_size}")
         for name in ("request_timeout_s", "shutdown_timeout_s"):

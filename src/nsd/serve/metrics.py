@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from nsd.api import GenerationResult
@@ -28,9 +29,11 @@ PREFIX_CACHE_METRICS = (
     ("restores", "saved sequences loaded back into the models", "counter"),
     ("saves", "sequences saved (snapshots of the models' KV caches)", "counter"),
     ("evictions", "saved sequences dropped to stay within the budget", "counter"),
-    ("bytes_held", "bytes of saved KV snapshots", "gauge"),
+    ("bytes_held", "bytes of saved KV snapshots, in the process's memory (at most "
+     "nsd_prefix_cache_budget_bytes; see process_resident_memory_bytes)", "gauge"),
     ("entries", "saved sequences", "gauge"),
-    ("budget_bytes", "most bytes the saved snapshots may take", "gauge"),
+    ("budget_bytes", "most bytes the saved snapshots may take (--prefix-cache-mb): what the "
+     "server's memory may grow by past its models and KV caches", "gauge"),
 )
 
 
@@ -85,6 +88,8 @@ class ServeMetrics:
                  running: Callable[[], int] = lambda: 0) -> None:
         r = self.registry = CollectorRegistry()
         r.register(_PrefixCacheCollector(prefix_cache))
+        # The process's memory (process_resident_memory_bytes, ...), beside the cache's share.
+        ProcessCollector(registry=r)
         r.register(_BatchCollector(batcher, running))
         self.requests = Counter("nsd_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)

@@ -35,8 +35,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 TOOLS_UNSUPPORTED = "nsd serve does not implement tool calling"
 
-# Most alternatives logprobs / top_logprobs may ask for (OpenAI's own limit for chat).
+# OpenAI's limits (its API reference), where they are narrower than nsd's own options':
+# alternatives per token (chat's top_logprobs; the completions' legacy logprobs), and the
+# temperature (nsd itself takes any finite one).
 MAX_TOP_LOGPROBS = 20
+MAX_LEGACY_LOGPROBS = 5
+MAX_TEMPERATURE = 2.0
 LOGIT_BIAS_RANGE = 100.0
 
 # OpenAI fields nsd does not implement, refused (400 naming the field) whenever they ask for
@@ -183,9 +187,17 @@ class _GenerationRequest(BaseModel):
     service_tier: Any = None
 
     # The sampling fields are nsd's options under OpenAI's names: checked by their specs.
-    _check_sampling = field_validator("temperature", "top_p", "top_k", "min_p", "seed",
-                                      "presence_penalty", "frequency_penalty",
-                                      mode="before")(classmethod(_check_option))
+    _check_sampling = field_validator("top_p", "top_k", "min_p", "seed", "presence_penalty",
+                                      "frequency_penalty", mode="before")(classmethod(_check_option))
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _check_temperature(cls, value: Any, info: ValidationInfo) -> Any:
+        value = _check_option(cls, value, info)
+        if value is not None and value > MAX_TEMPERATURE:
+            raise ValueError(f"must be a number in [0, {MAX_TEMPERATURE:g}] (OpenAI's range), "
+                             f"got {value!r}")
+        return value
 
     @field_validator(*REFUSED, mode="before")
     @classmethod
@@ -244,7 +256,7 @@ class _GenerationRequest(BaseModel):
 class CompletionRequest(_GenerationRequest):
     prompt: Any  # a string, or token ids; one prompt per request
     # The legacy form: an int, that many alternatives per token besides the chosen one.
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LEGACY_LOGPROBS)
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -348,8 +360,10 @@ class ChatRequest(_GenerationRequest):
         return "messages"
 
 
-def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationRequest:
-    """Validate a request body; every failure is an :class:`ApiError` naming the field."""
+def parse_request(raw: bytes, model: type[_GenerationRequest],
+                  max_stop: int = optspec.default("max_stop")) -> _GenerationRequest:
+    """Validate a request body; every failure is an :class:`ApiError` naming the field.
+    ``max_stop``: the stop strings a request may give (the server's ``--max-stop``)."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -376,6 +390,11 @@ def parse_request(raw: bytes, model: type[_GenerationRequest]) -> _GenerationReq
                   "settings go in the \"nsd\" object)"
         raise ApiError(400, f"{param}: {msg}" if param else msg, param=param,
                        code="missing_field" if err["type"] == "missing" else "invalid_value") from None
+    if len(request.stop or ()) > max_stop:
+        raise ApiError(400, f"stop: at most {max_stop} stop strings are allowed, got "
+                       f"{len(request.stop)} (OpenAI allows 4; the server's "
+                       f"{optspec.SERVING['max_stop'].flag} sets the limit)", param="stop",
+                       code="invalid_value")
     if request.n not in (None, 1):
         raise ApiError(400, f"n: only n = 1 is supported (one sequence per request), got {request.n}",
                        param="n", code="invalid_value")
@@ -481,7 +500,11 @@ def usage(result: GenerationResult, config: GenerationConfig) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
-            "nsd": {**stats.to_dict(), **method_report(config, stats.method)}}
+            # relaxed: whether the relaxed rule moved any position off the exact
+            # distribution (D > 0); false: the text is exact SD's (at temperature 0, the
+            # target's greedy text), so a client can tell without reading D.
+            "nsd": {**stats.to_dict(), **method_report(config, stats.method),
+                    "relaxed": stats.deviation > 0}}
 
 
 class ResponseBuilder:

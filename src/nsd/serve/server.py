@@ -2,12 +2,15 @@
 503 ``loading``), then serve until a signal.
 
 Shutdown on SIGINT/SIGTERM: the worker at once stops admitting requests and answers the
-queued ones 503; the request being decoded may run to completion within
-``shutdown_timeout_s``; past that it is cancelled at its next block and answered like any
-stopped request: a 503 error object, or in a stream an error event and ``data: [DONE]``.
-Streams thus end well-formed, never mid-body. uvicorn's own grace is longer (by
-``BACKSTOP_S``) and only cuts connections a stuck generation never released. A second
-SIGINT forces exit.
+queued ones 503; the requests being decoded may run to completion within
+``shutdown_timeout_s``; past that they are cancelled at their next block and answered like
+any stopped request: a 503 error object, or in a stream an error event and
+``data: [DONE]``. Streams thus end well-formed, never mid-body. Meanwhile the server keeps
+listening: new requests and ``/health`` get 503 with ``Retry-After`` (what a load balancer
+reads), not a refused connection. Only once the running requests have ended does uvicorn's
+own shutdown begin (closing the socket); its grace (``BACKSTOP_S``) only cuts connections
+a stuck generation never released. A second signal ends the wait at once (a second
+SIGINT also skips uvicorn's).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
 import socket
 import sys
@@ -55,13 +57,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the worker about the first exit signal right away (uvicorn
-    alone would only stop the app after every open connection has finished)."""
+    """uvicorn's server, draining before it stops: on the first exit signal the worker
+    stops admitting at once while the socket stays open (uvicorn alone would close it and
+    then wait for the open connections); uvicorn's shutdown starts once the worker is idle."""
 
     def __init__(self, config: uvicorn.Config, worker: DecodeWorker, grace_s: float) -> None:
         super().__init__(config)
         self._worker, self._grace_s = worker, grace_s
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -83,15 +87,35 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Runs as a signal handler: hand the work to the loop instead of taking locks here.
-        if self._loop is not None and not self.should_exit:
+        if self._loop is not None and not self._draining and not self.should_exit:
+            self._draining = True
             self._loop.call_soon_threadsafe(self._begin_shutdown)
+            return
+        if self._draining and not self.should_exit:  # a second signal: stop waiting
+            self.should_exit = True
+            self.force_exit = sig == signal.SIGINT
+            return
         super().handle_exit(sig, frame)
 
     def _begin_shutdown(self) -> None:
         self._worker.begin_shutdown()
         assert self._loop is not None
-        # Cancelled rather than cut by uvicorn, the running request gets its error answer.
-        self._loop.call_later(self._grace_s, self._worker.cancel_running, "shutdown")
+        self._loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Wait for the running requests (cancelled past the grace), then let uvicorn stop."""
+        loop = asyncio.get_running_loop()
+
+        async def idle_by(deadline: float) -> None:
+            while self._worker.busy and not self.should_exit and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+
+        await idle_by(loop.time() + self._grace_s)
+        if self._worker.busy:
+            # Cancelled rather than cut by uvicorn, the running requests get their error answer.
+            self._worker.cancel_running("shutdown")
+            await idle_by(loop.time() + BACKSTOP_S)
+        self.should_exit = True
 
 
 def run_server(config: ServerConfig, load_engine: Callable[[], Any], log_level: str = "info") -> None:
@@ -112,9 +136,10 @@ def run_server(config: ServerConfig, load_engine: Callable[[], Any], log_level: 
     try:
         app = create_app(None, config, load_engine=load_engine, on_loaded=loaded)
         logging.getLogger("nsd.serve").setLevel(log_level.upper())
-        uv_config = uvicorn.Config(
-            app, log_level=log_level, lifespan="on",
-            timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s) + BACKSTOP_S)
+        # The grace for running requests is spent in _Server._drain, before uvicorn's
+        # shutdown starts; uvicorn's own is the backstop.
+        uv_config = uvicorn.Config(app, log_level=log_level, lifespan="on",
+                                   timeout_graceful_shutdown=BACKSTOP_S)
         server = _Server(uv_config, app.state.worker, config.shutdown_timeout_s)
         print(f"nsd serve (loading {config.model_name}): listening at http://{host}:{port}, "
               "503 until the model is loaded", file=sys.stderr, flush=True)

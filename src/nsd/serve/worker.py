@@ -6,9 +6,12 @@ each has its own sequence in the models' caches and its own thread, and the slot
 forwards run together (:class:`nsd.backends.sequences.StepBatcher`), so up to n requests
 are decoded at once, each with its own settings, random stream, rule, budget and
 statistics. A waiting request goes to the free slot whose cache shares the longest prefix
-with its prompt (the slot that served the conversation's last turn). The event loop only
+with its prompt (the slot that served the conversation's last turn); if a slot whose
+request was just cancelled holds a longer one, it waits the one block until that slot is
+released (a chat UI's "stop" followed at once by the next turn). The event loop only
 waits on events the threads hand over with ``loop.call_soon_threadsafe`` and is never
-blocked by decoding.
+blocked by decoding: what each free slot's cache holds is noted by its thread when it
+ends a job, so choosing a slot reads no cache (which would wait for the running batch).
 
 Cancellation is cooperative: :meth:`Job.cancel` sets a flag that the thread checks before
 pulling each chunk out of :meth:`Engine.stream`, i.e. once per decoding block. A job still
@@ -93,6 +96,9 @@ class DecodeWorker:
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
         self._slots: list[Any] = []  # one engine per slot
+        # The token ids each slot's target cache holds, noted by its thread after each job
+        # (valid while the slot is free: nothing else touches its sequence meanwhile).
+        self._held: list[list[int]] = []
         # Each slot's job, from leaving the queue (_assign) to its end: the running jobs.
         self._assigned: list[Job | None] = []
         self.batcher: Any = None  # the slots' StepBatcher (parallel > 1)
@@ -112,6 +118,7 @@ class DecodeWorker:
         else:
             self._slots = [self._engine]
         self._assigned = [None] * len(self._slots)
+        self._held = [self._cached(i) for i in range(len(self._slots))]
         self._threads = [threading.Thread(target=self._run, args=(i,), name=f"nsd-decode-{i}", daemon=True)
                          for i in range(len(self._slots))]
         for thread in self._threads:
@@ -191,18 +198,29 @@ class DecodeWorker:
     # ------------------------------------------------------------------ thread side
     def _assign(self) -> None:
         """Hand waiting jobs, oldest first, to free slots (the condition is held): each to
-        the free slot whose target cache shares the longest prefix with its prompt."""
-        while self._pending:
-            free = [i for i, job in enumerate(self._assigned) if job is None]
+        the free slot whose cache shares the longest prefix with its prompt. A job for
+        which a *releasing* slot (its job cancelled, to end at its next block) would share
+        more waits for it, while the jobs behind it take the free slots: the follow-up
+        sent as a client drops its stream reuses that stream's cache instead of
+        prefilling its whole prompt in an empty slot."""
+        free = [i for i, job in enumerate(self._assigned) if job is None]
+        # A releasing slot will hold (at least the prompt of) its cancelled job.
+        releasing = [job.prompt_ids for job in self._assigned if job is not None and job.cancelled]
+        for job in list(self._pending):
             if not free:
                 return
-            job = self._pending.popleft()
-            self._assigned[max(free, key=lambda i: self._shared_prefix(i, job.prompt_ids))] = job
+            best = max(free, key=lambda i: common_prefix_length(self._held[i], job.prompt_ids))
+            shared = common_prefix_length(self._held[best], job.prompt_ids)
+            if any(common_prefix_length(held, job.prompt_ids) > shared for held in releasing):
+                continue  # assigned when that slot is released (its _run calls _assign)
+            self._pending.remove(job)
+            self._assigned[best] = job
+            free.remove(best)
             self._cond.notify_all()
 
-    def _shared_prefix(self, slot: int, prompt_ids: Sequence[int]) -> int:
-        held = cached_tokens(getattr(self._slots[slot], "target", None))
-        return common_prefix_length(held, prompt_ids) if held is not None else 0
+    def _cached(self, slot: int) -> list[int]:
+        """What ``slot``'s target cache holds (waits for a running batch: slot threads only)."""
+        return cached_tokens(getattr(self._slots[slot], "target", None)) or []
 
     def _run(self, slot: int) -> None:
         while True:
@@ -221,7 +239,9 @@ class DecodeWorker:
                 else:
                     last = self._execute(job, self._slots[slot])
             finally:
+                held = self._cached(slot)
                 with self._cond:
+                    self._held[slot] = held
                     self._assigned[slot] = None
                     self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
                     self._assign()
