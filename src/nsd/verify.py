@@ -37,7 +37,6 @@ from nsd.errors import NSDError
 from nsd.sampling import sample_from
 
 RULE_KINDS = ("exact", "nucleus", "typical")
-_RULE_OF_METHOD = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 
 # Nucleus threshold search looks at this many top tokens first; only rows whose top mass
 # falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
@@ -80,7 +79,7 @@ class RuleConfig:
         """The rule a user-level method (``ar``, ``sd``, ``nsd``, ``typical``) verifies with;
         the one place that maps methods to rules."""
         options.check("method", method)
-        return cls(kind=_RULE_OF_METHOD[method], **knobs)
+        return cls(kind=options.METHOD_RULE[method], **knobs)
 
     @property
     def relaxes(self) -> bool:
@@ -88,6 +87,17 @@ class RuleConfig:
         if self.kind == "exact" or self.budget == 0 or self.cap == 0:
             return False
         return self.kind != "nucleus" or self.theta > 0
+
+
+def method_of_rule(rule: RuleConfig, speculative: bool = True) -> str:
+    """The method a run is named by, from what it did: ``ar`` without drafts, ``sd`` for a
+    rule that cannot relax (θ = 0, budget 0, cap 0 verify exactly), else the relaxing
+    method whose rule it is (:data:`nsd.options.METHOD_RULE` read backwards)."""
+    if not speculative:
+        return "ar"
+    if not rule.relaxes:
+        return "sd"
+    return next(m for m in options.RELAXED_METHODS if options.METHOD_RULE[m] == rule.kind)
 
 
 @dataclass(frozen=True)
