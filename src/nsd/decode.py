@@ -390,14 +390,12 @@ def decode(
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
-    Yields the list of tokens each target pass adds (EOS included when it ends the
-    generation). ``stop_check(generated)`` may end the run early (stop strings).
-    ``k_policy`` chooses each block's draft length (default: from ``config``). With
-    ``config.logprobs`` set, each emitted token's :class:`TokenLogprob` is appended to
-    ``logprob_sink`` before the pass's tokens are yielded. With ``reuse_cache``, the
-    prefill keeps the longest prefix of the prompt that the target's cache still holds
-    (see :class:`nsd.backends.base.SupportsCachedTokens`) instead of starting from an
-    empty cache; off by default, so that runs compared with each other all pay their prefill.
+    Yields the tokens each target pass adds (EOS included when it ends the generation);
+    returns the :class:`DecodeStats`. ``stop_check(generated)`` may end the run early (stop
+    strings). ``k_policy`` chooses each block's draft length (default: from ``config``).
+    With ``config.logprobs``, each emitted token's :class:`TokenLogprob` goes to
+    ``logprob_sink`` before its pass is yielded. ``reuse_cache``: the prefill keeps what the
+    target's cache holds of the prompt (off by default: compared runs all pay their prefill).
     """
     _check_inputs(prompt_ids, config, proposer)
     start = time.perf_counter()
@@ -425,15 +423,8 @@ def decode(
         logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
         t2 = time.perf_counter()
         tally.record_pass(len(draft), t1 - t0, t2 - t1)
-        probs, n_acc = None, 0
-        if draft:
-            result, probs = _verify_drafts(config, logits, proposal, generated, generator, tally.spent)
-            n_acc = int(result.num_accepted[0])
-            new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
-            tally.record_block(result, len(new), lookup_match)
-            target.rewind(len(context) + n_acc)
-        else:
-            new = _cut_at_eos([_sample_one(logits[-1], config.sampling, generator, generated)], eos)[:remaining]
+        new, n_acc, probs = _accept(target, context, logits, proposal, config, generator, tally,
+                                    eos, remaining, lookup_match)
         if sink is not None:
             sink.extend(_logprobs(logits, probs, new, config.sampling, generated, draft, config.logprobs))
         if config.speculative:
@@ -446,6 +437,26 @@ def decode(
             tally.stop_reason = "eos" if new and new[-1] in eos else "stop"
             break
     return tally.to_stats(method_name(config), policy.predicted_tokens_per_s)
+
+
+def _accept(target: ModelBackend, context: list[int], logits: torch.Tensor,
+            proposal: Proposal | None, config: DecodeConfig, generator: torch.Generator,
+            tally: DecodeTally, eos: set[int], remaining: int, lookup_match: int | None
+            ) -> tuple[list[int], int, torch.Tensor | None]:
+    """The tokens one pass adds, ``(new, accepted drafts, target_probs)``: a sampled token
+    after a plain step, else the verified block (recorded in ``tally``, the target's cache
+    rewound past the rejected drafts). Cut after an EOS and at ``remaining`` tokens."""
+    generated = tally.generated
+    if proposal is None or len(proposal) == 0:
+        token = _sample_one(logits[-1], config.sampling, generator, generated)
+        return _cut_at_eos([token], eos)[:remaining], 0, None
+    result, target_probs = _verify_drafts(config, logits, proposal, generated, generator, tally.spent)
+    n_acc = int(result.num_accepted[0])
+    draft = proposal.tokens.tolist()
+    new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
+    tally.record_block(result, len(new), lookup_match)
+    target.rewind(len(context) + n_acc)
+    return new, n_acc, target_probs
 
 
 def _check_inputs(prompt_ids: Sequence[int], config: DecodeConfig, proposer: Proposer | None) -> None:
