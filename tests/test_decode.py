@@ -15,7 +15,7 @@ from nsd.stops import StopScanner
 from nsd.costmodel import AdaptiveK
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
-from nsd.proposers.base import Proposal
+from nsd.proposers.base import Proposal, Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
 from nsd.sampling import SamplingConfig
@@ -324,13 +324,13 @@ def test_emoji_stop_string_split_into_byte_tokens_stops_decoding(method: str, k:
 # --------------------------------------------------------------------------- EOS inside a block
 
 
-class ScriptedProposer:
+class ScriptedProposer(Proposer):
     """Deterministic drafts (one-hot q) from a fixed script, whatever the context."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 
-    def propose(self, context, k: int, generator: torch.Generator) -> Proposal:
+    def propose(self, context, k: int, generator: torch.Generator, lookup: bool = False) -> Proposal:
         return Proposal(torch.tensor(self.tokens[:k], dtype=torch.long), None)
 
 

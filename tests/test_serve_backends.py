@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from mock import CharTokenizer
-from nsd.api import Engine, GenerationConfig
+from nsd.api import Engine, GenerationConfig, load_engine
 from nsd.serve import ServerConfig
 from serve_support import running_server, sse_events
 
@@ -57,8 +57,8 @@ def _llama_engine() -> Engine:
 
     fetch_gguf("smollm2-135m-instruct")  # a no-op once cached
     # One thread: on a busy machine llama.cpp's spinning worker threads slow it many-fold.
-    return Engine("smollm2-135m-instruct", proposer="ngram",
-                  options=BackendOptions(n_ctx=512, threads=1, weights="original"))
+    return load_engine("smollm2-135m-instruct", proposer="ngram",
+                       options=BackendOptions(n_ctx=512, threads=1, weights="original"))
 
 
 ENGINES = {"transformers": _transformers_engine, "llama.cpp": _llama_engine}

@@ -210,13 +210,13 @@ def compare_step_costs(candidates: Mapping[str, tuple[ModelBackend, str | os.Pat
                                         n_tokens=n_tokens)
         return dict(zip(names, measured))
 
-    return _measured_once(
-        _cache_path("compare", key), key, None if refresh else read, measure, None if quiet else
+    return measured_once(
+        cache_path("compare", key), key, None if refresh else read, measure, None if quiet else
         f"nsd: comparing the {what} cost of {', '.join(names)} on this machine (once)",
         busy=f"the {what} costs")[0]
 
 
-def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | None,
+def measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | None,
                    measure: Callable[[], Any], note: str | None,
                    busy: str = "these costs") -> tuple[Any, bool]:
     """``(costs, from_cache)``: the costs cached at ``path`` under ``key`` where ``read``
@@ -264,7 +264,9 @@ def _measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] |
     return costs, False
 
 
-def _cache_path(stem: str, key: dict[str, Any]) -> Path:
+def cache_path(stem: str, key: dict[str, Any]) -> Path:
+    """Where the costs measured under ``key`` are stored: one JSON file per key, named
+    ``stem`` and a digest of the key (read and written by :func:`measured_once`)."""
     from nsd.cache import cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
@@ -340,8 +342,8 @@ def calibrate_batched(backend: Any, model_file: str | os.PathLike[str] | None,
         return tuple(tuple(float(c) for c in row) for row in cached) \
             if len(cached) == len(seqs) else None
 
-    return _measured_once(
-        _cache_path(Path(model_file).stem + "-batched", key), key, read,
+    return measured_once(
+        cache_path(Path(model_file).stem + "-batched", key), key, read,
         lambda: measure_batched(backend, seqs, widths, context), None if quiet else
         f"nsd: measuring batched forwards of {Path(model_file).name} on this machine (once)",
         busy="the batched forward costs")[0]
@@ -363,7 +365,7 @@ def calibration_key(backend: ModelBackend, model_file: str | os.PathLike[str], n
 def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: int,
               refresh: bool = False, quiet: bool = False) -> Calibration:
     """Step costs ``c(1..n_max)`` for ``backend`` (loaded from ``model_file``), from the
-    cache when this machine has measured them before (see :func:`_measured_once` for a
+    cache when this machine has measured them before (see :func:`measured_once` for a
     busy machine)."""
     context = fitting_context([backend], CONTEXT_TOKENS, n_max)
     # "order": how the sizes are timed (see measure()); costs timed the old way are stale.
@@ -372,8 +374,8 @@ def calibrate(backend: ModelBackend, model_file: str | os.PathLike[str], n_max: 
     def read(cached: Any) -> tuple[float, ...] | None:
         return tuple(float(c) for c in cached) if len(cached) == n_max else None
 
-    costs, from_cache = _measured_once(
-        _cache_path(Path(model_file).stem, key), key, None if refresh else read,
+    costs, from_cache = measured_once(
+        cache_path(Path(model_file).stem, key), key, None if refresh else read,
         lambda: list(measure(backend, n_max, context)), None if quiet else
         f"nsd: measuring step costs of {Path(model_file).name} on this machine (once)",
         busy="the step costs")

@@ -21,7 +21,7 @@ machine is. (An earlier version rescaled the costs from live pass timings; under
 that changed the chosen ``k`` and with it every random draw after, so ``--seed`` did not
 reproduce a sampled generation.)
 
-Every policy here answers two calls: ``next_k(remaining)`` before a block and
+Every policy here is a :class:`KPolicy`: ``plan(...)`` (or ``next_k``) before a block and
 ``observe(...)`` after it; the decoding loop knows nothing else about them.
 """
 
@@ -59,49 +59,51 @@ class BatchPlan(Protocol):
 
 
 class KPolicy(Protocol):
-    """How many tokens to draft before each target pass."""
+    """How many tokens to draft before each target pass: the whole interface the decoding
+    loop uses. A policy subclasses it and overrides what it does; :meth:`plan` defaults to
+    :meth:`next_k` with the choice of proposer left to the proposer."""
 
     def begin(self, prompt_tokens: int) -> None:
         """A generation starts after a prompt of this many tokens."""
-        ...
 
     def next_k(self, remaining: int) -> int:
         """Draft length for the next block (0 = a plain autoregressive step)."""
         ...
 
+    def plan(self, remaining: int, free: int, match: int) -> tuple[int, bool | None]:
+        """The next block: ``(k, from_lookup)``, ``free`` tokens being available from
+        prompt lookup after a matched n-gram of ``match`` tokens. ``from_lookup`` None: this
+        policy does not price lookup, the proposer's own rule decides
+        (:meth:`nsd.proposers.base.Proposer.fixed_k_lookup`)."""
+        return self.next_k(remaining), None
+
     def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
                 overhead_s: float) -> None:
         """What the block asked for (``k``), drafted, accepted and cost."""
-        ...
+
+    @property
+    def predicted_tokens_per_s(self) -> float | None:
+        """What the policy expected of its blocks, in tokens per second (None: no model)."""
+        return None
 
 
 @dataclass
-class FixedK:
+class FixedK(KPolicy):
     """The same ``k`` every block."""
 
     k: int
 
-    def begin(self, prompt_tokens: int) -> None:
-        pass
-
     def next_k(self, remaining: int) -> int:
         return self.k
 
-    def observe(self, k: int, drafted: int, accepted: int, propose_s: float, target_s: float,
-                overhead_s: float) -> None:
-        pass
-
 
 @dataclass
-class AdaptiveK:
+class AdaptiveK(KPolicy):
     """Grow k after a fully accepted block, shrink it after a rejection (HF's heuristic)."""
 
     k: int
     k_max: int
     k_min: int = 1
-
-    def begin(self, prompt_tokens: int) -> None:
-        pass
 
     def next_k(self, remaining: int) -> int:
         return self.k
@@ -253,7 +255,7 @@ class AcceptanceTracker:
 
 
 @dataclass
-class CostModelK:
+class CostModelK(KPolicy):
     """``-k auto``: the ``k`` (0 included) that maximises expected tokens per second.
 
     ``costs`` come from the stored calibration and stay fixed for the generation; the

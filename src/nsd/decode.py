@@ -21,10 +21,10 @@ from nsd import options as optspec
 from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
-from nsd.proposers.base import Proposer
+from nsd.proposers.base import Proposal, Proposer
 from nsd.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
                           sample_from)
-from nsd.verify import RuleConfig, charge, verify
+from nsd.verify import RuleConfig, VerifyResult, charge, method_of_rule, verify
 
 
 @dataclass(frozen=True)
@@ -52,23 +52,32 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs < 0:
             raise NSDError(f"logprobs must be >= 0, got {self.logprobs}")
-        if self.k < 1:
-            raise NSDError(f"draft length k must be >= 1, got {self.k}")
-        if self.max_new_tokens < 1:
-            raise NSDError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if not isinstance(self.k, int) or isinstance(self.k, bool):  # "auto" is auto_k=True here
+            raise NSDError(f"the loop's draft length k is a number (auto_k chooses it), got {self.k!r}")
+        # Each option's range is defined and checked once, in nsd.options; here the checks
+        # that combine options.
+        optspec.check_fields(self, {**optspec.DRAFT_LENGTH, **optspec.DECODING})
         if self.adaptive_k and self.k_max < self.k:
             raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
-        if self.k_max < 1:
-            raise NSDError(f"k_max must be >= 1, got {self.k_max}")
         if self.adaptive_k and self.auto_k:
             raise NSDError("choose either adaptive k or auto k, not both")
 
     def default_policy(self) -> KPolicy:
-        """The policy for a fixed or adaptive ``k`` (``auto_k`` needs measured costs, so
-        its policy comes from whoever holds them: see :mod:`nsd.costmodel`)."""
+        """The policy for a fixed or adaptive ``k``, or plain decoding (``auto_k`` needs
+        measured costs, so its policy comes from whoever holds them: see
+        :mod:`nsd.costmodel`)."""
+        if not self.speculative:
+            return FixedK(0)
         if self.auto_k:
             raise NSDError("auto k needs step costs: pass a CostModelK policy to decode()")
         return AdaptiveK(self.k, self.k_max) if self.adaptive_k else FixedK(self.k)
+
+    @property
+    def longest_block(self) -> int:
+        """The longest block the policy can ask for: ``k_max`` bounds ``-k auto`` and
+        adaptive k; a fixed k is its own bound (so lookup can cover a fixed block longer
+        than ``k_max``)."""
+        return self.k_max if self.auto_k or self.adaptive_k else self.k
 
 
 @dataclass(frozen=True)
@@ -208,12 +217,165 @@ def _fill_removed(top_values: torch.Tensor, top_ids: torch.Tensor, logp: torch.T
 
 
 def method_name(config: DecodeConfig) -> str:
-    if not config.speculative:
-        return "ar"
-    rule = config.rule
-    if rule.kind == "exact" or not rule.relaxes:
-        return "sd"
-    return "nsd" if rule.kind == "nucleus" else "typical"
+    """The method a run is named by: what it did (a rule that cannot relax verifies
+    exactly, so it is ``sd``); see :func:`nsd.verify.method_of_rule`."""
+    return method_of_rule(config.rule, config.speculative)
+
+
+@dataclass
+class DecodeTally:
+    """The counters of one generation, filled pass by pass; :meth:`to_stats` freezes them.
+
+    Statistics cover emitted tokens only: an accepted EOS ends the output, and the drafts
+    after it are neither output nor candidates for it.
+    """
+
+    speculative: bool
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    start: float  # perf_counter() when the generation began
+    prefill_s: float
+    spent: torch.Tensor  # [1] float64: D, the deviation charged so far
+    generated: list[int] = field(default_factory=list)
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    relaxed: int = 0
+    # Per draft position: blocks whose test reached it, and those it passed.
+    attempts: list[int] = field(default_factory=list)
+    accepts: list[int] = field(default_factory=list)
+    # Seconds in the proposer and in the target's forwards after the prefill.
+    propose_s: float = 0.0
+    target_s: float = 0.0
+    accepted_per_pass: list[int] = field(default_factory=list)
+    k_per_pass: list[int] = field(default_factory=list)
+    lookup_blocks: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
+    acceptance_counts: dict[str, list[int]] = field(default_factory=dict)
+    stop_reason: str = "length"
+
+    def record_pass(self, drafted: int, propose_s: float, target_s: float) -> None:
+        """One target pass, after ``drafted`` tokens were proposed (0: a plain step)."""
+        self.passes += 1
+        self.propose_s += propose_s
+        self.target_s += target_s
+        if self.speculative:  # what was drafted: prompt lookup may find fewer than k
+            self.k_per_pass.append(drafted)
+
+    def record_block(self, result: VerifyResult, emitted: int, lookup_match: int | None) -> None:
+        """A verified block of ``n`` drafts of which ``emitted`` tokens were output (the
+        accepted run and the recovered or bonus token, cut at an EOS); ``lookup_match``:
+        the matched n-gram length if prompt lookup drafted it, else None.
+
+        Token ``i`` of the output is draft position ``i`` (the last may be the recovered
+        token at the rejected position, or the bonus one past the drafts).
+        """
+        n = result.accepted.shape[-1]
+        n_acc = int(result.num_accepted[0])
+        eos_cut = emitted < n_acc + 1  # an accepted draft was an EOS
+        emitted_drafts = min(emitted, n)
+        emitted_acc = min(n_acc, emitted)
+        # D is charged only where a token is emitted; the deviation is 0 past the
+        # rejection, so a prefix sum (in the budget scan's order) is the exact charge.
+        self.spent = charge(self.spent.to(result.deviation.device),
+                            result.deviation[:, :emitted_drafts])
+        # Drafts past a rejection were tried and failed, so they count; past an EOS not.
+        tried = emitted if eos_cut else n
+        self.drafted += tried
+        self.accepted += emitted_acc
+        if lookup_match is not None:
+            self.lookup_drafted += tried
+            self.lookup_accepted += emitted_acc
+        source = "draft" if lookup_match is None else f"lookup:{lookup_match}"
+        counts = self.acceptance_counts.setdefault(source, [0, 0])
+        counts[0] += min(n_acc + 1, n)  # as the policy counts them (an EOS cut aside)
+        counts[1] += n_acc
+        self.relaxed += int(result.relaxed[0, :emitted_drafts].sum())
+        reached = min(emitted_acc + 1, emitted_drafts)
+        for counter, upto in ((self.attempts, reached), (self.accepts, emitted_acc)):
+            counter.extend([0] * (upto - len(counter)))
+            for i in range(upto):
+                counter[i] += 1
+        self.accepted_per_pass.append(emitted_acc)
+
+    def to_stats(self, method: str, predicted_tokens_per_s: float | None) -> DecodeStats:
+        attempts = _trim_zeros(self.attempts)
+        return DecodeStats(
+            method=method, prompt_tokens=self.prompt_tokens, new_tokens=len(self.generated),
+            target_passes=self.passes, drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted, relaxed_accepts=self.relaxed,
+            deviation=float(self.spent[0]), stop_reason=self.stop_reason,
+            prefill_s=self.prefill_s, wall_s=time.perf_counter() - self.start,
+            propose_s=self.propose_s, target_s=self.target_s, position_attempts=attempts,
+            position_accepts=(self.accepts + [0] * len(attempts))[:len(attempts)],
+            accepted_per_pass=self.accepted_per_pass, k_per_pass=self.k_per_pass,
+            predicted_tokens_per_s=predicted_tokens_per_s, lookup_blocks=self.lookup_blocks,
+            lookup_drafted=self.lookup_drafted, lookup_accepted=self.lookup_accepted,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            acceptance_counts=self.acceptance_counts)
+
+
+def choose_block(policy: KPolicy, proposer: Proposer | None, context: Sequence[int],
+                 remaining: int, longest: int) -> tuple[int, int | None]:
+    """The next block: ``(k, lookup_match)``, ``k`` tokens to draft (0: a plain step) and,
+    where prompt lookup drafts them, the length of the n-gram it matched (else None).
+
+    ``proposer`` None: plain decoding. A proposer with a free source (prompt lookup beside
+    a draft model) says how many tokens it could propose for nothing; a policy that can
+    price both picks per block, otherwise the proposer's own rule does.
+    """
+    if proposer is None:
+        return 0, None
+    free, match = proposer.free_length(context, min(longest, remaining - 1))
+    k, from_lookup = policy.plan(remaining, free, match)
+    if from_lookup is None:
+        from_lookup = proposer.fixed_k_lookup(free, k, match)
+    k = max(0, min(k, remaining - 1))
+    return k, (match if from_lookup else None)
+
+
+def _prefill(target: ModelBackend, context: list[int], reuse_cache: bool) -> int:
+    """Feed all but the prompt's last token; return how many the cache already held.
+
+    With ``reuse_cache``, keep the longest prefix of the prompt the cache holds (the last
+    conversation, or a prefix-cache entry restored into it) and feed only the rest."""
+    held = cached_tokens(target) if reuse_cache else None
+    reused = 0 if held is None else common_prefix_length(held, context[:-1])
+    if reused:
+        target.rewind(reused)
+    else:
+        target.reset()
+    if len(context) - 1 > reused:
+        target.forward(context[reused:-1], all_logits=False)
+    return reused
+
+
+def _verify_drafts(config: DecodeConfig, logits: torch.Tensor, proposal: Proposal,
+                   generated: list[int], generator: torch.Generator, spent: torch.Tensor
+                   ) -> tuple[VerifyResult, torch.Tensor]:
+    """The rule on one block: ``(result, target_probs)``. ``logits``: ``[n + 1, V]``, the
+    target's rows at the ``n`` draft positions and the bonus one."""
+    sampling, rule = config.sampling, config.rule
+    draft, n = proposal.tokens.tolist(), len(proposal)
+    device = logits.device  # the target's; draft tokens, uniforms and D move there
+    # Row i follows the generated tokens and drafts[:i] (penalties count both).
+    target_probs = logits_to_probs(logits, sampling, generated, draft)  # [n+1, V]
+    plaus = plausibility_probs(logits[:n], sampling, target_probs[:n], generated, draft) \
+        if rule.relaxes else target_probs[:n]
+    result = verify(
+        rule,
+        target_probs.unsqueeze(0),
+        plaus.unsqueeze(0),
+        proposal.tokens.to(device).unsqueeze(0),
+        None if proposal.probs is None else proposal.probs.to(device).unsqueeze(0),
+        # Uniforms come from the CPU generator, so a seed means the same on any device.
+        torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+        torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+        spent.to(device),
+        greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
+    )
+    return result, target_probs
 
 
 def decode(
@@ -229,194 +391,80 @@ def decode(
 ) -> Generator[list[int], None, DecodeStats]:
     """Generate up to ``config.max_new_tokens`` tokens after ``prompt_ids``.
 
-    Yields the list of tokens each target pass adds (EOS included when it ends the
-    generation). ``stop_check(generated)`` may end the run early (stop strings).
-    ``k_policy`` chooses each block's draft length (default: from ``config``). With
-    ``config.logprobs`` set, each emitted token's :class:`TokenLogprob` is appended to
-    ``logprob_sink`` before the pass's tokens are yielded. With ``reuse_cache``, the
-    prefill keeps the longest prefix of the prompt that the target's cache still holds
-    (see :func:`nsd.backends.base.cached_tokens`) instead of starting from an empty cache;
-    off by default, so that runs compared with each other all pay their prefill.
+    Yields the tokens each target pass adds (EOS included when it ends the generation);
+    returns the :class:`DecodeStats`. ``stop_check(generated)`` may end the run early (stop
+    strings). ``k_policy`` chooses each block's draft length (default: from ``config``).
+    With ``config.logprobs``, each emitted token's :class:`TokenLogprob` goes to
+    ``logprob_sink`` before its pass is yielded. ``reuse_cache``: the prefill keeps what the
+    target's cache holds of the prompt (off by default: compared runs all pay their prefill).
     """
+    _check_inputs(prompt_ids, config, proposer)
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(config.seed)
+    eos, context = set(eos_token_ids), list(prompt_ids)
+    reused = _prefill(target, context, reuse_cache)
+    spent = torch.zeros(1, dtype=torch.float64, device=generator.device)  # D so far
+    tally = DecodeTally(config.speculative, len(context), reused, start, time.perf_counter() - start, spent)
+    policy = k_policy if k_policy is not None else config.default_policy()
+    policy.begin(len(context))
+    if proposer is not None:  # where the generated tokens start (penalties count only those)
+        proposer.begin(len(context))
+    drafter = proposer if config.speculative else None
+    sink = logprob_sink if config.logprobs is not None else None
+    generated = tally.generated
+    while len(generated) < config.max_new_tokens:
+        remaining = config.max_new_tokens - len(generated)
+        k, lookup_match = choose_block(policy, drafter, context, remaining, config.longest_block)
+        tally.lookup_blocks += int(lookup_match is not None and k > 0)
+        t0 = time.perf_counter()
+        proposal = drafter.propose(context, k, generator, lookup=lookup_match is not None) \
+            if drafter is not None and k > 0 else None
+        draft = proposal.tokens.tolist() if proposal is not None else []
+        t1 = time.perf_counter()
+        logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
+        t2 = time.perf_counter()
+        tally.record_pass(len(draft), t1 - t0, t2 - t1)
+        new, n_acc, probs = _accept(target, context, logits, proposal, config, generator, tally,
+                                    eos, remaining, lookup_match)
+        if sink is not None:
+            sink.extend(_logprobs(logits, probs, new, config.sampling, generated, draft, config.logprobs))
+        if config.speculative:
+            # The cost model learns from what the verifier did (an EOS cut is not a rejection).
+            policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
+        context.extend(new)  # the cache may hold tokens past an EOS, harmless at the end
+        generated.extend(new)
+        yield new
+        if new and new[-1] in eos or stop_check is not None and stop_check(generated):
+            tally.stop_reason = "eos" if new and new[-1] in eos else "stop"
+            break
+    return tally.to_stats(method_name(config), policy.predicted_tokens_per_s)
+
+
+def _accept(target: ModelBackend, context: list[int], logits: torch.Tensor,
+            proposal: Proposal | None, config: DecodeConfig, generator: torch.Generator,
+            tally: DecodeTally, eos: set[int], remaining: int, lookup_match: int | None
+            ) -> tuple[list[int], int, torch.Tensor | None]:
+    """The tokens one pass adds, ``(new, accepted drafts, target_probs)``: a sampled token
+    after a plain step, else the verified block (recorded in ``tally``, the target's cache
+    rewound past the rejected drafts). Cut after an EOS and at ``remaining`` tokens."""
+    generated = tally.generated
+    if proposal is None or len(proposal) == 0:
+        token = _sample_one(logits[-1], config.sampling, generator, generated)
+        return _cut_at_eos([token], eos)[:remaining], 0, None
+    result, target_probs = _verify_drafts(config, logits, proposal, generated, generator, tally.spent)
+    n_acc = int(result.num_accepted[0])
+    draft = proposal.tokens.tolist()
+    new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
+    tally.record_block(result, len(new), lookup_match)
+    target.rewind(len(context) + n_acc)
+    return new, n_acc, target_probs
+
+
+def _check_inputs(prompt_ids: Sequence[int], config: DecodeConfig, proposer: Proposer | None) -> None:
     if len(prompt_ids) == 0:
         raise NSDError("the prompt is empty: give at least one token")
     if config.speculative and proposer is None:
         raise NSDError("speculative decoding needs a proposer (a draft model or n-gram lookup)")
-    start = time.perf_counter()
-    generator = torch.Generator().manual_seed(config.seed)
-    sampling, rule = config.sampling, config.rule
-    eos = set(eos_token_ids)
-    context = list(prompt_ids)
-    # Prefill: keep the longest prefix of the prompt the cache already holds (the last
-    # conversation, or a prefix-cache entry restored into it) and feed only the rest.
-    held = cached_tokens(target) if reuse_cache else None
-    reused = 0 if held is None else common_prefix_length(held, context[:-1])
-    if reused:
-        target.rewind(reused)
-    else:
-        target.reset()
-    if len(context) - 1 > reused:
-        target.forward(context[reused:-1], all_logits=False)
-    prefill_s = time.perf_counter() - start
-
-    generated: list[int] = []
-    passes = drafted = accepted = relaxed = 0
-    propose_s = target_s = 0.0
-    attempts = [0] * max(config.k, config.k_max)
-    accepts = [0] * max(config.k, config.k_max)
-    accepted_per_pass: list[int] = []
-    k_per_pass: list[int] = []
-    spent = torch.zeros(1, dtype=torch.float64, device=generator.device)
-    policy = k_policy if k_policy is not None else \
-        (config.default_policy() if config.speculative else FixedK(0))
-    policy.begin(len(prompt_ids))
-    # A proposer with a free source (prompt lookup beside a draft model) says how many
-    # tokens it could propose for nothing; a policy that can price both picks per block.
-    free_length = getattr(proposer, "free_length", None) if config.speculative else None
-    plan = getattr(policy, "plan", None)
-    fixed_k_lookup = getattr(proposer, "fixed_k_lookup", None)
-    lookup_blocks = lookup_drafted = lookup_accepted = 0
-    acceptance_counts: dict[str, list[int]] = {}
-    begin = getattr(proposer, "begin", None)
-    if callable(begin):  # where the generated tokens start (penalties count only those)
-        begin(len(prompt_ids))
-    want_logprobs = config.logprobs is not None and logprob_sink is not None
-    stop_reason = "length"
-    # The longest block the policy can ask for: k_max bounds -k auto and adaptive k; a fixed
-    # k is its own bound (so lookup can cover a fixed block longer than k_max).
-    longest = config.k_max if config.auto_k or config.adaptive_k else config.k
-
-    while len(generated) < config.max_new_tokens:
-        remaining = config.max_new_tokens - len(generated)
-        free, match = free_length(context, min(longest, remaining - 1)) if free_length \
-            else (0, 0)
-        if not config.speculative:
-            k, from_lookup = 0, False
-        elif plan is not None:
-            k, from_lookup = plan(remaining, free, match)
-        else:  # fixed or adaptive k: the proposer says whether lookup takes the block
-            k = policy.next_k(remaining)
-            from_lookup = fixed_k_lookup(free, k, match) if fixed_k_lookup else False
-        k = max(0, min(k, remaining - 1))
-        lookup_blocks += int(from_lookup and k > 0)
-        if k > len(attempts):
-            attempts += [0] * (k - len(attempts))
-            accepts += [0] * (k - len(accepts))
-        t0 = time.perf_counter()
-        if not (config.speculative and k > 0):
-            proposal = None
-        elif from_lookup:
-            proposal = proposer.propose(context, k, generator, lookup=True)
-        else:
-            proposal = proposer.propose(context, k, generator)
-        draft = proposal.tokens.tolist() if proposal is not None else []
-        t1 = time.perf_counter()
-        if config.speculative:  # what was drafted: prompt lookup may find fewer than k
-            k_per_pass.append(len(draft))
-        logits = target.forward([context[-1]] + draft)  # [len(draft) + 1, V]
-        t2 = time.perf_counter()
-        propose_s += t1 - t0
-        target_s += t2 - t1
-        passes += 1
-        if not draft:
-            new = _cut_at_eos([_sample_one(logits[-1], sampling, generator, generated)], eos)[:remaining]
-            n_acc = 0
-            if want_logprobs:
-                logprob_sink.extend(_logprobs(logits[-1:], None, new, sampling, generated, (),
-                                              config.logprobs))
-        else:
-            n = len(draft)
-            device = logits.device  # the target's; draft tokens, uniforms and D move there
-            spent = spent.to(device)
-            # Row i follows the generated tokens and drafts[:i] (penalties count both).
-            target_probs = logits_to_probs(logits, sampling, generated, draft)  # [n+1, V]
-            plaus = plausibility_probs(logits[:n], sampling, target_probs[:n], generated, draft) \
-                if rule.relaxes else target_probs[:n]
-            result = verify(
-                rule,
-                target_probs.unsqueeze(0),
-                plaus.unsqueeze(0),
-                proposal.tokens.to(device).unsqueeze(0),
-                None if proposal.probs is None else proposal.probs.to(device).unsqueeze(0),
-                # Uniforms come from the CPU generator, so a seed means the same on any device.
-                torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
-                torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
-                spent,
-                greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
-            )
-            n_acc = int(result.num_accepted[0])
-            new = _cut_at_eos(draft[:n_acc] + [int(result.next_token[0])], eos)[:remaining]
-            # Statistics cover emitted tokens only: an accepted EOS ends the output, and the
-            # drafts after it are neither output nor candidates for it. Position i of `new`
-            # is draft position i (the last may be the recovered token at the rejected
-            # position, or the bonus one past the drafts).
-            eos_cut = len(new) < n_acc + 1  # an accepted draft was an EOS
-            emitted_drafts = min(len(new), n)
-            emitted_acc = min(n_acc, len(new))
-            # D is charged only where a token is emitted; the deviation is 0 past the
-            # rejection, so a prefix sum (in the budget scan's order) is the exact charge.
-            spent = charge(spent, result.deviation[:, :emitted_drafts])
-            # Drafts past a rejection were tried and failed, so they count; past an EOS not.
-            tried = len(new) if eos_cut else n
-            drafted += tried
-            accepted += emitted_acc
-            if from_lookup:
-                lookup_drafted += tried
-                lookup_accepted += emitted_acc
-            counts = acceptance_counts.setdefault(f"lookup:{match}" if from_lookup else "draft", [0, 0])
-            counts[0] += min(n_acc + 1, n)  # as the policy counts them (an EOS cut aside)
-            counts[1] += n_acc
-            relaxed += int(result.relaxed[0, :emitted_drafts].sum())
-            for i in range(min(emitted_acc + 1, emitted_drafts)):
-                attempts[i] += 1
-            for i in range(emitted_acc):
-                accepts[i] += 1
-            accepted_per_pass.append(emitted_acc)
-            target.rewind(len(context) + n_acc)
-            if want_logprobs:
-                logprob_sink.extend(_logprobs(logits, target_probs, new, sampling, generated,
-                                              draft, config.logprobs))
-        if config.speculative:
-            # The cost model learns from what the verifier did (an EOS cut is not a rejection).
-            policy.observe(k, len(draft), n_acc, t1 - t0, t2 - t1, time.perf_counter() - t2)
-        # The cache may hold tokens past an EOS, which is harmless at the end.
-        if new and new[-1] in eos:
-            stop_reason = "eos"
-        context.extend(new)
-        generated.extend(new)
-        yield new
-        if stop_reason == "eos":
-            break
-        if stop_check is not None and stop_check(generated):
-            stop_reason = "stop"
-            break
-
-    attempts = _trim_zeros(attempts)
-    return DecodeStats(
-        method=method_name(config),
-        prompt_tokens=len(prompt_ids),
-        new_tokens=len(generated),
-        target_passes=passes,
-        drafted_tokens=drafted,
-        accepted_tokens=accepted,
-        relaxed_accepts=relaxed,
-        deviation=float(spent[0]),
-        stop_reason=stop_reason,
-        prefill_s=prefill_s,
-        wall_s=time.perf_counter() - start,
-        propose_s=propose_s,
-        target_s=target_s,
-        position_attempts=attempts,
-        position_accepts=accepts[:len(attempts)],
-        accepted_per_pass=accepted_per_pass,
-        k_per_pass=k_per_pass,
-        predicted_tokens_per_s=getattr(policy, "predicted_tokens_per_s", None),
-        lookup_blocks=lookup_blocks,
-        lookup_drafted=lookup_drafted,
-        lookup_accepted=lookup_accepted,
-        cached_prompt_tokens=reused,
-        acceptance_counts=acceptance_counts,
-    )
 
 
 def _sample_one(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,

@@ -8,8 +8,9 @@ is the text, the token ids and the statistics.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from nsd import options as optspec
@@ -52,14 +53,24 @@ class GenerationConfig:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        optspec.check_fields(self, optspec.DECODING)
-        optspec.check_fields(self, optspec.DRAFT_LENGTH)
+        # Each option is checked once, by the config it builds: the rule's knobs (theta,
+        # budget, ...) by the RuleConfig, sampling by the SamplingConfig, the draft length,
+        # seed and length (and the checks that combine them) by the DecodeConfig, built
+        # once and kept for decode_config(). Only a k that is not a number (auto) is here.
+        if not isinstance(self.k, int) or isinstance(self.k, bool):
+            object.__setattr__(self, "k", optspec.check("k", self.k))
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             raise NSDError(f"stop must be a sequence of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in items))
-        self.decode_config()  # the combined checks (k_max >= k with adaptive k, ...)
+        decode = _loop_config(self)
+        rule, knobs = decode.rule, [name for name in optspec.RULE if name != "method"]
+        checked = {**{name: getattr(rule, name) for name in knobs},
+                   **{f.name: getattr(decode.sampling, f.name) for f in fields(decode.sampling)},
+                   "k_max": decode.k_max, "max_new_tokens": decode.max_new_tokens, "seed": decode.seed}
+        for name, value in checked.items():  # as checked: 1 -> 1.0 where a float is wanted
+            object.__setattr__(self, name, value)  # equal, and hashes alike: still cached
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> GenerationConfig:
@@ -75,20 +86,30 @@ class GenerationConfig:
         return self.k == "auto" and not self.adaptive_k
 
     def rule(self) -> RuleConfig:
-        return RuleConfig.for_method(self.method, theta=self.theta, budget=self.budget,
-                                     cap=self.cap, smooth=self.smooth,
-                                     typical_epsilon=self.typical_epsilon,
-                                     typical_delta=self.typical_delta)
+        return self.decode_config().rule
 
     def decode_config(self) -> DecodeConfig:
+        """The loop's configuration of this generation (built and checked on construction)."""
+        return _loop_config(self)
+
+    def _build_decode_config(self) -> DecodeConfig:
+        rule = RuleConfig.for_method(self.method, **{name: getattr(self, name) for name in
+                                                     optspec.RULE if name != "method"})
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
                                   self.presence_penalty, self.frequency_penalty,
                                   tuple(self.logit_bias))
         k = 4 if self.k == "auto" else self.k
-        return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
+        return DecodeConfig(speculative=self.method != "ar", rule=rule, sampling=sampling,
                             k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
                             max_new_tokens=self.max_new_tokens, seed=self.seed,
                             logprobs=self.logprobs)
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_config(config: GenerationConfig) -> DecodeConfig:
+    """The :class:`DecodeConfig` of a generation, built (and so checked) once per distinct
+    configuration: frozen configs that compare equal get the same one."""
+    return config._build_decode_config()
 
 
 @dataclass(frozen=True)
@@ -136,10 +157,9 @@ def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
     label of its metrics), ``budget: 0`` and ``effective_method: sd``.
     """
     out: dict[str, Any] = {"method": config.method, "effective_method": effective}
-    if config.method == "nsd":
-        out["theta"] = config.theta
-    if config.method in ("nsd", "typical"):
-        # JSON has no infinity: an unlimited budget or cap is null.
-        out["budget"] = None if math.isinf(config.budget) else config.budget
-        out["cap"] = None if math.isinf(config.cap) else config.cap
+    for name in ("theta", "budget", "cap"):  # those of them that act on the method asked for
+        if optspec.ALL[name].acts_on([config.method]):
+            value = getattr(config, name)
+            # JSON has no infinity: an unlimited budget or cap is null.
+            out[name] = None if math.isinf(value) else value
     return out

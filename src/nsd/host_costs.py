@@ -189,8 +189,8 @@ def host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max: in
     """:func:`measure_host_costs`, read from the calibration cache when this machine has
     measured it before (``persist=False``: always measured, never stored). Measured
     while other processes kept the cores busy, it is stored provisionally
-    (:func:`nsd.calibrate._measured_once`)."""
-    from nsd.calibrate import _cache_path, _measured_once
+    (:func:`nsd.calibrate.measured_once`)."""
+    from nsd.calibrate import cache_path, measured_once
 
     key = host_costs_key(vocab, sampling, rule, n_max, draft_vocab)
 
@@ -202,7 +202,7 @@ def host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max: in
 
     if not persist:
         return measure_host_costs(vocab, sampling, rule, n_max, draft_vocab)
-    costs, _ = _measured_once(_cache_path("host", key), key, read,
+    costs, _ = measured_once(cache_path("host", key), key, read,
                               lambda: measure_host_costs(vocab, sampling, rule, n_max, draft_vocab).__dict__,
                               None, busy="nsd's own per-pass costs")
     return costs if isinstance(costs, HostCosts) else HostCosts(**costs)

@@ -124,11 +124,27 @@ def k_max_acts(k: int | str, adaptive_k: bool) -> bool:
     return k == "auto" or bool(adaptive_k)
 
 
+def inert_options(given: Mapping[str, Any], methods: Iterable[str], k: int | str = "auto",
+                  adaptive_k: bool = False) -> list[tuple[str, str]]:
+    """The options set in ``given`` that would change nothing when ``methods`` run, each
+    as ``(name, why)``: ``why`` is ``"method"`` for one that acts on none of ``methods``
+    (``theta`` with ``sd``), ``"fixed_k"`` for ``k_max`` with a fixed ``k`` (see
+    :func:`k_max_acts`). The one rule the CLI's notes and the server's refusals apply."""
+    methods = list(methods)
+    out = [(name, "method") for name in given if not _KNOWN[name].acts_on(methods)]
+    if "k_max" in given and _KNOWN["k_max"].acts_on(methods) and not k_max_acts(k, adaptive_k):
+        out.append(("k_max", "fixed_k"))
+    return out
+
+
 def _opts(*options: Option) -> dict[str, Option]:
     return {o.name: o for o in options}
 
 
 METHODS = ("ar", "sd", "nsd", "typical")
+# The verification rule each method runs (nsd.verify.RuleConfig.kind): the one table that
+# maps methods to rules, read both ways (RuleConfig.for_method, nsd.verify.method_of_rule).
+METHOD_RULE = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 SPECULATIVE = ("sd", "nsd", "typical")  # the methods that draft
 
 # Where drafts come from. draft: the draft model; ngram: prompt lookup alone; hybrid: both,

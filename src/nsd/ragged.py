@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nsd.verify import RuleConfig, charge, relaxation_weights, relaxed_acceptance, relaxed_set_stats
+from nsd.verify import (BlockOutcome, RuleConfig, charge, first_rejection, relaxation_weights, relaxed_acceptance,
+                        relaxed_set_stats)
 
 PLACEHOLDER_TOKEN_ID = -1  # the engine's marker for "no token in this slot"
 
@@ -148,10 +149,9 @@ def verify_ragged(
     """
     num_tokens = draft_token_ids.shape[0]
     batch = cu_num_draft_tokens.shape[0]
-    device = target_probs.device
     index, valid = padded_token_index(cu_num_draft_tokens, max_spec_len, num_tokens)
     if spent is None:
-        spent = torch.zeros(batch, dtype=torch.float64, device=device)
+        spent = torch.zeros(batch, dtype=torch.float64, device=target_probs.device)
 
     tokens = draft_token_ids.long()
     real = tokens >= 0  # [T]
@@ -161,16 +161,7 @@ def verify_ragged(
 
     # --- the rule's per-token quantities, on the flat layout (nsd.verify, unchanged math)
     in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
-    p_x = target_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)  # [T] float32
-    if draft_probs is None:
-        q_x = torch.ones_like(p_x)
-    else:
-        q_x = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
-    # float32 division as the engine does it, so θ = 0 reproduces its decisions exactly.
-    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(p_x))
-    # The engine rejects q(x) = 0 (a proposer bug) and padded drafts (token -1) outright.
-    exact_random = torch.where((q_x > 0) & real, ratio.double().clamp(max=1.0),
-                               torch.zeros_like(ratio, dtype=torch.float64))
+    exact_random = _exact_part(target_probs, draft_probs, safe_tokens, real)  # [T] float64
     hit_argmax = tokens == target_argmax.long()
 
     # --- per position, padded [B, K]
@@ -186,52 +177,84 @@ def verify_ragged(
     # the local decoder's path), so the scan's running total is what is charged.
     weights = relaxation_weights(rule, excess, spent, is_greedy.to(torch.bool))  # [B, K]
     accept_prob = relaxed_acceptance(exact, in_set, weights)
-    if accept_uniforms is None:
-        uniforms = torch.ones_like(accept_prob)  # every request greedy: never consulted
-    else:
-        uniforms = _pad(accept_uniforms, index, 1.0)
-    if exact_accept is None:
-        sampled_accept = uniforms <= accept_prob
-        sampled_relaxed = uniforms > exact
-    else:
-        engine_exact = _pad(exact_accept.to(torch.bool) & real, index, False)
-        sampled_accept = engine_exact | ((uniforms <= accept_prob) & (weights * in_set > 0))
-        sampled_relaxed = ~engine_exact
+    sampled_accept, sampled_relaxed = _sampled_decisions(
+        accept_prob, exact, weights * in_set > 0,
+        None if accept_uniforms is None else _pad(accept_uniforms, index, 1.0),
+        None if exact_accept is None else _pad(exact_accept.to(torch.bool) & real, index, False))
     accepted = torch.where(greedy_tok, accept_prob >= 1.0, sampled_accept) & valid
     relaxed = accepted & torch.where(greedy_tok, exact < 1.0, sampled_relaxed)
 
-    # --- first rejection, vectorised; emit slots in the engine's format
-    leading = (~accepted).cumsum(dim=-1) == 0  # [B, K] accepted prefix
-    num_accepted = leading.sum(dim=-1)  # [B]
-    counts = valid.sum(dim=-1)  # [B]
-    has_rejection = num_accepted < counts
-    rejected_at = num_accepted.clamp(max=max(max_spec_len - 1, 0)).unsqueeze(-1)  # [B, 1]
-    emitted = leading | (torch.zeros_like(leading).scatter(-1, rejected_at, has_rejection.unsqueeze(-1))
-                         if max_spec_len > 0 else leading)
-    deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
+    # --- first rejection (the same core as the local verifier); emit in the engine's format
+    outcome = first_rejection(accepted, weights, excess, drafts=valid.sum(dim=-1))
 
-    if recovered_token_ids is None:
-        recovered_flat = target_argmax.long()
-    else:
-        recovered_flat = torch.where(greedy_flat, target_argmax.long(), recovered_token_ids.long())
-    recovered = _pad(recovered_flat, index, 0)  # [B, K]
-    draft_pad = _pad(tokens, index, PLACEHOLDER_TOKEN_ID)
-    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
-    out[:, :max_spec_len] = torch.where(leading, draft_pad, out[:, :max_spec_len])
-    if max_spec_len > 0:
-        at_rejection = recovered.gather(-1, rejected_at).squeeze(-1)
-    else:
-        at_rejection = torch.zeros(batch, dtype=torch.int64, device=device)
-    last = torch.where(has_rejection, at_rejection, bonus_token_ids.reshape(batch).long())
-    out.scatter_(-1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    recovered_flat = target_argmax.long() if recovered_token_ids is None else \
+        torch.where(greedy_flat, target_argmax.long(), recovered_token_ids.long())
+    out = _output_slots(outcome, _pad(tokens, index, PLACEHOLDER_TOKEN_ID),
+                        _pad(recovered_flat, index, 0), bonus_token_ids)
     return RaggedVerifyResult(
-        output_token_ids=out.to(torch.int32),
-        num_accepted=num_accepted,
-        relaxed=relaxed & leading,
-        deviation=deviation,
+        output_token_ids=out,
+        num_accepted=outcome.num_accepted,
+        relaxed=relaxed & outcome.leading,
+        deviation=outcome.deviation,
         # Left to right, in the budget scan's order: a pairwise sum can round an ulp past B.
-        spent=charge(spent, deviation),
+        spent=charge(spent, outcome.deviation),
     )
+
+
+def _sampled_decisions(
+    accept_prob: torch.Tensor,  # [B, K] float64 a
+    exact: torch.Tensor,  # [B, K] float64 m
+    relaxable: torch.Tensor,  # [B, K] bool: λ·1[x∈S] > 0
+    uniforms: torch.Tensor | None,  # [B, K] float64 (1.0 in padding); None: all greedy
+    engine_exact: torch.Tensor | None,  # [B, K] bool: the engine's own exact test, if given
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(accepted, relaxed)`` ``[B, K]`` of a sampled request's drafts: ``u <= a``, or
+    where the engine has its own exact test, that test or ``u <= a`` where the rule relaxes."""
+    if uniforms is None:
+        uniforms = torch.ones_like(accept_prob)  # every request greedy: never consulted
+    if engine_exact is None:
+        return uniforms <= accept_prob, uniforms > exact
+    return engine_exact | ((uniforms <= accept_prob) & relaxable), ~engine_exact
+
+
+def _exact_part(
+    target_probs: torch.Tensor,  # [T, V] p
+    draft_probs: torch.Tensor | None,  # [T, V] q, or None for one-hot proposals
+    tokens: torch.Tensor,  # [T] int64 draft tokens, padded ones clamped to 0
+    real: torch.Tensor,  # [T] bool: not a padded draft
+) -> torch.Tensor:
+    """``m = min(1, float32(p(x) / q(x)))`` per flat token ``[T]`` float64, 0 where the
+    engine rejects outright (``q(x) = 0``, a proposer bug, and padded drafts)."""
+    p_x = target_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [T] float32
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q_x = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    # float32 division as the engine does it, so θ = 0 reproduces its decisions exactly.
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(p_x))
+    return torch.where((q_x > 0) & real, ratio.double().clamp(max=1.0),
+                       torch.zeros_like(ratio, dtype=torch.float64))
+
+
+def _output_slots(
+    outcome: BlockOutcome,
+    draft_pad: torch.Tensor,  # [B, K] int64 drafts, PLACEHOLDER_TOKEN_ID past each row's own
+    recovered: torch.Tensor,  # [B, K] int64 token to emit at a rejection, per position
+    bonus_token_ids: torch.Tensor,  # [B] or [B, 1] int
+) -> torch.Tensor:
+    """The engine's ``[B, K + 1]`` int32 output: the accepted drafts, then the recovered
+    token at the first rejection or the bonus token, ``-1`` in the slots after."""
+    batch, max_spec_len = draft_pad.shape
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
+                     device=draft_pad.device)
+    out[:, :max_spec_len] = torch.where(outcome.leading, draft_pad, out[:, :max_spec_len])
+    if max_spec_len > 0:
+        at_rejection = recovered.gather(-1, outcome.rejected_at.unsqueeze(-1)).squeeze(-1)
+    else:
+        at_rejection = torch.zeros(batch, dtype=torch.int64, device=draft_pad.device)
+    last = torch.where(outcome.has_rejection, at_rejection, bonus_token_ids.reshape(batch).long())
+    out.scatter_(-1, outcome.num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    return out.to(torch.int32)
 
 
 def _greedy_flat(is_greedy: torch.Tensor, cu_num_draft_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:

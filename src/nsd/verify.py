@@ -37,7 +37,6 @@ from nsd.errors import NSDError
 from nsd.sampling import sample_from
 
 RULE_KINDS = ("exact", "nucleus", "typical")
-_RULE_OF_METHOD = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 
 # Nucleus threshold search looks at this many top tokens first; only rows whose top mass
 # falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
@@ -80,7 +79,7 @@ class RuleConfig:
         """The rule a user-level method (``ar``, ``sd``, ``nsd``, ``typical``) verifies with;
         the one place that maps methods to rules."""
         options.check("method", method)
-        return cls(kind=_RULE_OF_METHOD[method], **knobs)
+        return cls(kind=options.METHOD_RULE[method], **knobs)
 
     @property
     def relaxes(self) -> bool:
@@ -88,6 +87,17 @@ class RuleConfig:
         if self.kind == "exact" or self.budget == 0 or self.cap == 0:
             return False
         return self.kind != "nucleus" or self.theta > 0
+
+
+def method_of_rule(rule: RuleConfig, speculative: bool = True) -> str:
+    """The method a run is named by, from what it did: ``ar`` without drafts, ``sd`` for a
+    rule that cannot relax (θ = 0, budget 0, cap 0 verify exactly), else the relaxing
+    method whose rule it is (:data:`nsd.options.METHOD_RULE` read backwards)."""
+    if not speculative:
+        return "ar"
+    if not rule.relaxes:
+        return "sd"
+    return next(m for m in options.RELAXED_METHODS if options.METHOD_RULE[m] == rule.kind)
 
 
 @dataclass(frozen=True)
@@ -359,12 +369,10 @@ def verify_block(
     ``check_draft_support`` raises on a draft token with ``q(x) = 0`` (a proposer bug);
     the check reads a flag back to the host, so callers on an accelerator turn it off.
     """
-    batch, k = draft_tokens.shape
-    device = draft_tokens.device
     if spent is None:
-        spent = torch.zeros(batch, dtype=torch.float64, device=device)
+        spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64, device=draft_tokens.device)
     tok = draft_tokens.unsqueeze(-1)
-    p_x = target_probs[:, :k].gather(-1, tok).squeeze(-1).double()  # [B, k]
+    p_x = target_probs[:, :tok.shape[1]].gather(-1, tok).squeeze(-1).double()  # [B, k]
     if draft_probs is None:
         q_x = torch.ones_like(p_x)
     else:
@@ -374,43 +382,77 @@ def verify_block(
     exact_prob = torch.clamp(p_x / q_x, max=1.0)  # m
     accept_prob = relaxed_acceptance(exact_prob, token_in_set, weights)
     accepted = accept_uniforms < accept_prob
-    relaxed = accepted & (accept_uniforms >= exact_prob)
+    outcome = first_rejection(accepted, weights, excess)
+    residual = _residual(target_probs, draft_tokens, draft_probs, outcome)
+    return VerifyResult(
+        num_accepted=outcome.num_accepted,
+        next_token=sample_from(residual, sample_uniforms),
+        accepted=accepted,
+        relaxed=accepted & (accept_uniforms >= exact_prob) & outcome.leading,
+        deviation=outcome.deviation,
+        spent=charge(spent, outcome.deviation),
+    )
 
-    # First rejection, vectorised: count the leading run of accepts.
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """Where each row's block ends: the accepted run, the first rejection, and the
+    deviation charged at the positions whose output counts."""
+
+    leading: torch.Tensor  # [B, k] bool: the accepted prefix
+    num_accepted: torch.Tensor  # [B] int64: its length
+    has_rejection: torch.Tensor  # [B] bool: a draft was rejected (else every one passed)
+    rejected_at: torch.Tensor  # [B] int64: the first rejected position (clamped to k - 1)
+    deviation: torch.Tensor  # [B, k] float64: λ_t·E_t on the accepted prefix and the rejection
+
+
+def first_rejection(
+    accepted: torch.Tensor,  # [B, k] bool: position passed its test
+    weights: torch.Tensor,  # [B, k] float64 relaxation weight λ_t
+    excess: torch.Tensor,  # [B, k] float64 E_t
+    drafts: torch.Tensor | None = None,  # [B] int: real drafts per row (None: all k)
+) -> BlockOutcome:
+    """The first rejection, vectorised (no loop over rows or positions), and the
+    deviation: ``λ_t·E_t`` where a token is emitted (the accepted prefix and the rejected
+    position, whose recovered token it shapes), 0 after. The one place both verifiers,
+    :func:`verify_block` and :func:`nsd.ragged.verify_ragged`, find where a block ends."""
+    k = accepted.shape[-1]
     leading = (~accepted).cumsum(dim=-1) == 0  # [B, k]
     num_accepted = leading.sum(dim=-1)
-    emitted = leading.clone()  # positions whose output counts: accepted prefix + the rejection
-    rejected_at = num_accepted.clamp(max=k - 1) if k > 0 else num_accepted
+    has_rejection = num_accepted < (k if drafts is None else drafts)
+    rejected_at = num_accepted.clamp(max=max(k - 1, 0))
+    emitted = leading
     if k > 0:
-        has_rejection = num_accepted < k
-        emitted[torch.arange(batch, device=device), rejected_at] |= has_rejection
+        at_rejection = torch.zeros_like(leading).scatter(-1, rejected_at.unsqueeze(-1),
+                                                         has_rejection.unsqueeze(-1))
+        emitted = leading | at_rejection
     deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
-    relaxed = relaxed & leading
+    return BlockOutcome(leading, num_accepted, has_rejection, rejected_at, deviation)
 
-    rows = torch.arange(batch, device=device)
-    p_row = target_probs[rows, num_accepted]  # [B, V]
+
+def _residual(
+    target_probs: torch.Tensor,  # [B, k+1, V] p
+    draft_tokens: torch.Tensor,  # [B, k] int64
+    draft_probs: torch.Tensor | None,  # [B, k, V] q, or None: one-hot
+    outcome: BlockOutcome,
+) -> torch.Tensor:
+    """``[B, V]``: what the next token is drawn from, the residual ``(p − q)₊`` at the
+    first rejection, or ``p`` at the bonus position where every draft passed."""
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p_row = target_probs[rows, outcome.num_accepted]  # [B, V]
     if k == 0:
-        residual = p_row
+        return p_row
+    rejected_at = outcome.rejected_at
+    if draft_probs is None:
+        q_row = torch.zeros_like(p_row)
+        q_row[rows, draft_tokens[rows, rejected_at]] = 1.0
     else:
-        if draft_probs is None:
-            q_row = torch.zeros_like(p_row)
-            q_row[rows, draft_tokens[rows, rejected_at]] = 1.0
-        else:
-            q_row = draft_probs[rows, rejected_at]
-        has_rejection = (num_accepted < k).unsqueeze(-1)
-        residual = torch.where(has_rejection, (p_row - q_row).clamp_min(0.0), p_row)
-        # Z = 0 would mean rejection was impossible; guard against float dust anyway.
-        empty = residual.sum(dim=-1, keepdim=True) <= 0
-        residual = torch.where(empty, p_row, residual)
-    next_token = sample_from(residual, sample_uniforms)
-    return VerifyResult(
-        num_accepted=num_accepted,
-        next_token=next_token,
-        accepted=accepted,
-        relaxed=relaxed,
-        deviation=deviation,
-        spent=charge(spent, deviation),
-    )
+        q_row = draft_probs[rows, rejected_at]
+    residual = torch.where(outcome.has_rejection.unsqueeze(-1), (p_row - q_row).clamp_min(0.0), p_row)
+    # Z = 0 would mean rejection was impossible; guard against float dust anyway.
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, p_row, residual)
 
 
 def charge(spent: torch.Tensor, deviation: torch.Tensor) -> torch.Tensor:

@@ -26,11 +26,12 @@ class ModelBackend(Protocol):
         """Number of token positions currently held in the KV cache."""
         ...
 
-    def forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int], all_logits: bool = True) -> torch.Tensor:
         """Append ``tokens`` to the cache and return their logits.
 
         Returns a float32 tensor ``[len(tokens), vocab_size]``: row ``i`` is the
-        next-token logits after ``tokens[i]``.
+        next-token logits after ``tokens[i]``. With ``all_logits=False`` only the last row
+        is needed (``[1, vocab_size]``; a prefill need not compute the others).
         """
         ...
 
@@ -47,14 +48,52 @@ class ModelBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsCachedTokens(Protocol):
+    """A backend that says which tokens its cache holds (llama.cpp, transformers, a
+    sequence of a batch): a prefix cache and the decoding loop's prefill keep the longest
+    common prefix with a new prompt instead of starting from an empty cache."""
+
+    @property
+    def num_cached(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The token ids whose KV the cache holds, in order."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatch(Protocol):
+    """One sequence of a backend whose forwards run together with other sequences'
+    (:class:`nsd.backends.sequences.SequenceView`): a block's cost depends on what the
+    others add to the forwards it joins."""
+
+    def batch_others(self) -> int:
+        """Tokens the other sequences carried in this sequence's last forward."""
+        ...
+
+
 def cached_tokens(backend: Any) -> Sequence[int] | None:
     """The token ids whose KV ``backend`` holds, in order, or None when the backend does
-    not say (then nothing may be reused: the caller must :meth:`~ModelBackend.reset`).
-
-    Backends that know them expose a ``cached_tokens`` attribute; a prefix cache and the
-    decoding loop's prefill keep the longest common prefix with a new prompt."""
-    tokens = getattr(backend, "cached_tokens", None)
+    not say (then nothing may be reused: the caller must :meth:`~ModelBackend.reset`)."""
+    if not isinstance(backend, SupportsCachedTokens):
+        return None
+    tokens = backend.cached_tokens
     return tokens if tokens is not None and len(tokens) == backend.num_cached else None
+
+
+def eos_token_ids(backend: Any) -> Sequence[int]:
+    """The end-of-sequence ids a backend read from its model file (``eos_token_ids``,
+    optional: a tokenizer may name them instead), else none."""
+    return getattr(backend, "eos_token_ids", ())
+
+
+def device_of(backend: Any) -> torch.device:
+    """Where a backend computes: its ``device`` (optional; the transformers backend has
+    one), else the CPU (llama.cpp, test mocks)."""
+    device = getattr(backend, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
 
 
 def context_limit(backends: Sequence[Any]) -> int | None:

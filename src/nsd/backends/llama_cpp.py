@@ -77,11 +77,11 @@ class _LlamaLog:
             sys.stderr.write(line)
 
 
-_log = _LlamaLog()
+llama_log = _LlamaLog()
 _log_callback: Any = None  # the ctypes wrapper; must stay referenced while installed
 
 
-def _import_llama_cpp() -> ModuleType:
+def import_llama_cpp() -> ModuleType:
     """Import llama_cpp lazily (the rest of nsd works without it) and quiet its log."""
     global _log_callback
     try:
@@ -89,7 +89,7 @@ def _import_llama_cpp() -> ModuleType:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise NSDError(f"cannot import llama_cpp ({exc}); {_INSTALL_HINT}") from exc
     if _log_callback is None:
-        _log_callback = llama_cpp.llama_log_callback(_log)
+        _log_callback = llama_cpp.llama_log_callback(llama_log)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     return llama_cpp
 
@@ -136,7 +136,7 @@ class LlamaCppBackend:
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         if threads < 1:
             raise NSDError(f"n_threads must be positive, got {n_threads}")
-        self._lib = lib = _import_llama_cpp()
+        self._lib = lib = import_llama_cpp()
         self.seed = seed
         self._model: Any = None
         self._ctx: Any = None
@@ -148,13 +148,13 @@ class LlamaCppBackend:
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = use_extra_bufts
         mparams.n_gpu_layers = 0
-        _log.held, _log.buffers = [], []
+        llama_log.held, llama_log.buffers = [], []
         try:
             self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         finally:
-            held, _log.held = _log.held, None
+            held, llama_log.held = llama_log.held, None
             # e.g. ("CPU_Mapped", "CPU_REPACK") or, with ggml's AMX kernels, ("AMX", ...).
-            self.weight_buffers: tuple[str, ...] = tuple(dict.fromkeys(_log.buffers))
+            self.weight_buffers: tuple[str, ...] = tuple(dict.fromkeys(llama_log.buffers))
         if not self._model:
             # One line: llama.cpp's held log lines, joined; an unknown architecture or
             # tensor type is named there.

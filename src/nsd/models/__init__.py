@@ -19,7 +19,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft
+    from nsd.backends.embedding_input import VocabMap
+    from nsd.models.draft_vocab import ensure_reduced_draft
     from nsd.backends.files import GGUFInfo, check_gguf, check_hf_folder
     from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
     from nsd.models.loader import (BACKENDS, BackendOptions, LoadedModel, llama_available,
@@ -28,15 +29,17 @@ if TYPE_CHECKING:
                                      list_models, model_path, resolve_model, verify_model)
     from nsd.models.weights import DERIVED_FORMATS, WEIGHT_CHOICES, check_weights, gguf_for
 
-_HOME = {  # public name -> the module of this package that defines it
-    **dict.fromkeys(("VocabMap", "ensure_reduced_draft"), "draft_vocab"),
-    **dict.fromkeys(("GGUFInfo", "check_gguf", "check_hf_folder"), "files"),
-    **dict.fromkeys(("ensure_hf_folder", "ensure_tokenizer_folder"), "hf_convert"),
+_HOME = {  # public name -> the module that defines it (the header checks live in backends)
+    "VocabMap": "nsd.backends.embedding_input",
+    "ensure_reduced_draft": "nsd.models.draft_vocab",
+    **dict.fromkeys(("GGUFInfo", "check_gguf", "check_hf_folder"), "nsd.backends.files"),
+    **dict.fromkeys(("ensure_hf_folder", "ensure_tokenizer_folder"), "nsd.models.hf_convert"),
     **dict.fromkeys(("BACKENDS", "BackendOptions", "LoadedModel", "llama_available", "load_backend",
-                     "load_tokenizer", "pick_format"), "loader"),
+                     "load_tokenizer", "pick_format"), "nsd.models.loader"),
     **dict.fromkeys(("REGISTRY", "ModelSpec", "ResolvedModel", "cache_dir", "fetch_gguf", "list_models",
-                     "model_path", "resolve_model", "verify_model"), "registry"),
-    **dict.fromkeys(("DERIVED_FORMATS", "WEIGHT_CHOICES", "check_weights", "gguf_for"), "weights"),
+                     "model_path", "resolve_model", "verify_model"), "nsd.models.registry"),
+    **dict.fromkeys(("DERIVED_FORMATS", "WEIGHT_CHOICES", "check_weights", "gguf_for"),
+                    "nsd.models.weights"),
 }
 
 __all__ = sorted(_HOME)
@@ -44,7 +47,7 @@ __all__ = sorted(_HOME)
 
 def __getattr__(name: str) -> Any:
     if name in _HOME:
-        return getattr(importlib.import_module(f"nsd.models.{_HOME[name]}"), name)
+        return getattr(importlib.import_module(_HOME[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -80,17 +80,17 @@ def rank(counts: np.ndarray) -> np.ndarray:
 def count_tokens(gguf_path: Path, texts: Iterable[bytes]) -> np.ndarray:
     """``[n_vocab]`` int64 counts of the tokens llama.cpp's tokenizer for ``gguf_path``
     gives ``texts`` (each tokenized alone, no BOS, special tokens as plain text)."""
-    from nsd.backends.llama_cpp import _import_llama_cpp, _log
+    from nsd.backends.llama_cpp import import_llama_cpp, llama_log
 
-    lib = _import_llama_cpp()
+    lib = import_llama_cpp()
     lib.llama_backend_init()
     params = lib.llama_model_default_params()
     params.vocab_only = True
-    _log.held = []  # a Qwen vocabulary logs harmless "control-looking token" errors
+    llama_log.held = []  # a Qwen vocabulary logs harmless "control-looking token" errors
     try:
         model = lib.llama_model_load_from_file(str(gguf_path).encode(), params)
     finally:
-        held, _log.held = _log.held, None
+        held, llama_log.held = llama_log.held, None
     if not model:
         detail = "; ".join(line.strip() for line in held if line.strip())
         raise NSDError(f"llama.cpp could not read the vocabulary of {gguf_path}: {detail or 'invalid file?'}")

@@ -80,9 +80,9 @@ def gguf_for(source: Path, fmt: str, threads: int | None = None) -> Path:
 
 
 def _quantize(source: Path, out: Path, fmt: str, threads: int | None) -> None:
-    from nsd.backends.llama_cpp import _import_llama_cpp
+    from nsd.backends.llama_cpp import import_llama_cpp
 
-    lib = _import_llama_cpp()
+    lib = import_llama_cpp()
     print(f"nsd: deriving {fmt.upper()} weights from {source.name} (once; cached)", file=sys.stderr)
     params = lib.llama_model_quantize_default_params()
     recipe = _RECIPES[fmt]

@@ -8,16 +8,16 @@ from typing import Sequence
 import torch
 
 from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
-from nsd.models.draft_vocab import VocabMap
+from nsd.backends.embedding_input import VocabMap
 from nsd.errors import NSDError
-from nsd.proposers.base import Proposal
+from nsd.proposers.base import Proposal, Proposer
 from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
 
 
 __all__ = ["DraftModelProposer", "common_prefix_length"]
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Drafts ``k`` tokens autoregressively with a small model.
 
     ``q`` is the draft's distribution under the *same* sampling transform as the target
@@ -59,7 +59,8 @@ class DraftModelProposer:
         the prompt, the rest generated (penalties count only the generated ones)."""
         self._prompt_length = prompt_length
 
-    def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
+                lookup: bool = False) -> Proposal:
         if k <= 0:
             return Proposal(torch.zeros(0, dtype=torch.long, device="cpu"), None)
         # Sync the draft cache with the context: keep the common prefix, feed the rest.

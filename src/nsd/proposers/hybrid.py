@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from nsd.proposers.base import Proposal
+from nsd.proposers.base import Proposal, Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramProposer
 
@@ -28,7 +28,7 @@ from nsd.proposers.ngram import NgramProposer
 FIXED_K_MIN_MATCH = 3
 
 
-class HybridProposer:
+class HybridProposer(Proposer):
     """A draft model, and prompt lookup over the context for free blocks."""
 
     def __init__(self, draft: DraftModelProposer, lookup: NgramProposer) -> None:

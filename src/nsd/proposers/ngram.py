@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from nsd.errors import NSDError
-from nsd.proposers.base import Proposal
+from nsd.proposers.base import Proposal, Proposer
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class NgramConfig:
             raise NSDError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Finds the most recent earlier occurrence of the context's last n-gram (longest n
     first) and proposes the tokens that followed it. Proposals are deterministic, so
     ``q`` is one-hot; NSD then accepts any of them inside the target nucleus."""
@@ -30,7 +30,8 @@ class NgramProposer:
     def __init__(self, config: NgramConfig = NgramConfig()) -> None:
         self.config = config
 
-    def propose(self, context: Sequence[int], k: int, generator: torch.Generator) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
+                lookup: bool = False) -> Proposal:
         return self.propose_matched(context, k)[0]
 
     def propose_matched(self, context: Sequence[int], k: int) -> tuple[Proposal, int]:
