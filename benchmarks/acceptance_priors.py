@@ -3,7 +3,7 @@
 Each generation's ``acceptance_counts`` (tests and accepts per source of blocks: the draft
 model, prompt lookup after an m-token match) are summed per model pair and setting
 (rule family, greedy or sampled) and turned into starting estimates by
-:func:`nsd.priors.priors_from_counts`; the result is merged into
+:func:`nsd.draftlen.priors.priors_from_counts`; the result is merged into
 ``src/nsd/acceptance_priors.json`` with the command and CPU it came from. The journals
 must come from prompts that are not a benchmark (``benchmarks/data/calibration_prompts.jsonl``).
 
@@ -22,9 +22,9 @@ from collections import defaultdict
 from datetime import date
 from pathlib import Path
 
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.options import NEEDS_DRAFT
-from nsd.priors import pair_key, priors_from_counts, setting_key
+from nsd.draftlen.priors import pair_key, priors_from_counts, setting_key
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "nsd" / "acceptance_priors.json"
 
@@ -80,7 +80,7 @@ def main() -> int:
         }
         print(f"{pair} {setting}: draft {priors.draft}, lookup by match length {priors.lookup}")
     table["about"] = ("Starting acceptance estimates of -k auto per model pair and setting, from "
-                      "held-out prompts (benchmarks/data/calibration_prompts.jsonl); see nsd.priors.")
+                      "held-out prompts (benchmarks/data/calibration_prompts.jsonl); see nsd.draftlen.priors.")
     table["command"] = args.command
     table["measured"] = f"{date.today().isoformat()}, {cpu_description()['model']}"
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".priors-")

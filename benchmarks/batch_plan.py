@@ -1,5 +1,5 @@
 """Several requests decoded at once: draft lengths chosen for the whole batch (the joint
-plan, ``nsd.batchplan``) against each request choosing alone, and AR, in one process.
+plan, ``nsd.draftlen.batchplan``) against each request choosing alone, and AR, in one process.
 
 One engine is split into slots (``Engine.batched``), as ``nsd serve --parallel`` does; at
 each concurrency level ``c``, ``c`` threads each generate one answer to their own prompt,
@@ -29,7 +29,7 @@ from pathlib import Path
 from nsd.api import GenerationConfig, load_engine
 from nsd.bench.datasets import DatasetConfig, load_prompts
 from nsd.bench.store import write_json_atomic
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.models.loader import BackendOptions
 
 MODES = ("ar", "alone", "joint")

@@ -1,6 +1,6 @@
 """Write ``benchmarks/data/calibration_prompts.jsonl``: held-out prompts for calibrating nsd.
 
-The stored acceptance priors of ``-k auto`` (``src/nsd/priors.py``) must come from text
+The stored acceptance priors of ``-k auto`` (``src/nsd/draftlen/priors.py``) must come from text
 that is not a benchmark nsd is judged on. These prompts are built from Python's own
 standard library (present wherever nsd runs, and neither HumanEval nor Spec-Bench): raw
 completion of a function from its signature and docstring, a function written from its

@@ -30,8 +30,8 @@ import torch
 from nsd.backends.hf import HFBackend, resolve_device
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
+from nsd.rules.verify import RuleConfig
 
 VOCAB = 1024
 GREEDY, SAMPLED = SamplingConfig(), SamplingConfig(temperature=1.0)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nsd.backends.llama_cpp import LlamaCppBackend, _import_llama_cpp
 from nsd.errors import NSDError
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.models.registry import fetch_gguf
 from nsd.models.weights import gguf_for
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from nsd.api import GenerationConfig, load_engine
 from nsd.bench.datasets import DatasetConfig, load_prompts
 from nsd.bench.store import write_json_atomic
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.models.loader import BackendOptions
 
 

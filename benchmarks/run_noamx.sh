@@ -39,7 +39,7 @@ for r in "${@:-humaneval-t0 humaneval-t0-ggml}"; do
                 --proposers draft,hybrid ;;
             spec-bench-t0-hybrid) run spec-bench-t0-hybrid "" --dataset spec-bench --limit 3 \
                 --per-category --proposers draft,hybrid ;;
-            # The same two after the per-proposer starting estimates (src/nsd/priors.py), and
+            # The same two after the per-proposer starting estimates (src/nsd/draftlen/priors.py), and
             # the sampled setting's.
             humaneval-t0-hybrid-priors) run humaneval-t0-hybrid-priors "" --dataset humaneval \
                 --limit 40 --proposers draft,hybrid ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The stored acceptance priors of -k auto (src/nsd/priors.py, src/nsd/acceptance_priors.json):
+# The stored acceptance priors of -k auto (src/nsd/draftlen/priors.py, src/nsd/acceptance_priors.json):
 # SD and NSD θ 0.9 with the hybrid proposer (the draft model and prompt lookup, so both are
 # counted) on the held-out calibration prompts (benchmarks/data/calibration_prompts.jsonl,
 # built from Python's standard library, not a benchmark), at T = 0 and at T = 0.8 (top-p

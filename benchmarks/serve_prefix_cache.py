@@ -91,7 +91,7 @@ def main() -> int:
 
     from nsd.api import BackendOptions, GenerationConfig, load_engine
     from nsd.bench.store import write_json_atomic
-    from nsd.machine import cpu_description
+    from nsd.draftlen.machine import cpu_description
     from nsd.serve import ServerConfig
 
     options = BackendOptions(threads=args.threads) if args.threads else BackendOptions()

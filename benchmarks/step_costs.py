@@ -37,7 +37,7 @@ import torch
 
 from nsd.backends.base import ModelBackend
 from nsd.backends.llama_cpp import LlamaCppBackend
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 
 KS = (1, 2, 4, 8, 16)
 

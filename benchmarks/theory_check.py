@@ -9,7 +9,7 @@ For a few prompts, with the real Qwen2.5-Coder 1.5B target and 0.5B draft:
    first n tokens is ``Π_t P'_t(x_t | x_<t)`` and AR's is ``Π_t p_t``. Both are enumerated
    over every prefix with positive probability (one target and one draft forward each),
    giving the exact sequence TV and the exact bound ``E_{y∼NSD}[Σ_t E_t(y_<t)]``. This
-   reference math is written here independently of ``nsd.verify``.
+   reference math is written here independently of ``nsd.rules.verify``.
 2. **Samples from nsd itself**: ``--samples`` seeded generations of n tokens each with
    ``method=ar`` and ``method=nsd`` through :class:`nsd.api.Engine`; their empirical laws are
    compared with the exact ones (TV and a χ² goodness-of-fit p-value), and the empirical
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from nsd.api import BackendOptions, Engine, GenerationConfig, load_engine
-from nsd.machine import cpu_description
-from nsd.sampling import SamplingConfig, logits_to_probs
+from nsd.draftlen.machine import cpu_description
+from nsd.rules.sampling import SamplingConfig, logits_to_probs
 
 PROMPTS = (
     "Write a haiku about the sea.",

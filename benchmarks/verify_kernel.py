@@ -61,7 +61,7 @@ import torch
 
 from nsd.backends.llama_cpp import LlamaCppBackend
 from nsd.errors import NSDError
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.models.loader import BackendOptions, load_backend, load_tokenizer
 
 NS = (1, 2, 3, 5, 9, 17)

@@ -27,7 +27,7 @@ per-position acceptance and D come from the plugin's per-request report; tokens/
 visible generated tokens over wall time (a speculative step can overshoot a stop string,
 those tokens are not counted). HumanEval prompts are code completions that stop at the
 harness's stop strings and are scored for pass@1 after the clock stops. Each timed call
-records how busy other processes kept the CPU (``nsd.load``); the "loaded" column counts
+records how busy other processes kept the CPU (``nsd.draftlen.cpu_load``); the "loaded" column counts
 calls over the threshold.
 
 The rotation, HumanEval scoring and speed definition are nsd bench's own
@@ -57,7 +57,7 @@ from nsd.bench.store import JOURNAL, Journal, write_json_atomic, write_text_atom
 from nsd.bench.vllm_report import (ENGINES, REPORT, RESULTS, engine_methods, render_report, row_key,
                                    row_keys, summary_table)
 from nsd.errors import NSDError
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vllm"
@@ -147,8 +147,8 @@ def run_engine(name: str, args: argparse.Namespace, prompts: Sequence[BenchPromp
     import tempfile
 
     from nsd.integrations.vllm.plugin import set_rule
-    from nsd.load import LoadMonitor
-    from nsd.verify import RuleConfig
+    from nsd.draftlen.cpu_load import LoadMonitor
+    from nsd.rules.verify import RuleConfig
 
     journal = open_journal(args)
     done = journal.records

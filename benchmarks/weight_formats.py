@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from nsd.backends.llama_cpp import LlamaCppBackend
-from nsd.load import LoadMonitor
-from nsd.machine import cpu_description
+from nsd.draftlen.cpu_load import LoadMonitor
+from nsd.draftlen.machine import cpu_description
 from nsd.models.hf_convert import ensure_tokenizer_folder
 from nsd.models.registry import fetch_gguf
 from nsd.models.weights import DERIVED_FORMATS, gguf_for

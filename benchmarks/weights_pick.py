@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.models.loader import BackendOptions, load_backend
 
 

@@ -1,4 +1,4 @@
-"""GPU check of nsd's vLLM-side math: nsd.ragged on CUDA tensors against the CPU results.
+"""GPU check of nsd's vLLM-side math: nsd.rules.ragged on CUDA tensors against the CPU results.
 
 For a machine with a GPU and PyTorch (Triton and transformers optional), no vLLM and no
 network. Run from the repository root:
@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from nsd.ragged import recover_tokens_ragged, verify_ragged
-from nsd.verify import RuleConfig
+from nsd.rules.ragged import recover_tokens_ragged, verify_ragged
+from nsd.rules.verify import RuleConfig
 
 RULES = {
     "exact": RuleConfig(kind="exact"),

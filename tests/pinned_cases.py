@@ -12,13 +12,13 @@ import torch
 
 from mock import CharTokenizer, MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
+from nsd.draftlen.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import HybridProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
-from nsd.sampling import SamplingConfig
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
+from nsd.rules.verify import RuleConfig
 
 V = 16
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
@@ -123,7 +123,7 @@ def engine_cases() -> dict[str, tuple]:
 
 def ragged_cases() -> dict[str, tuple]:
     """verify_ragged on a random flat batch (greedy and sampled requests, seeded)."""
-    from nsd.ragged import verify_ragged
+    from nsd.rules.ragged import verify_ragged
 
     out = {}
     gen = torch.Generator().manual_seed(4)

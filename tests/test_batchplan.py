@@ -1,4 +1,4 @@
-"""Draft lengths chosen for a whole batch (nsd.batchplan): the pricing of a cycle, the
+"""Draft lengths chosen for a whole batch (nsd.draftlen.batchplan): the pricing of a cycle, the
 planner that keeps the members in step, and a batched engine drafting in step."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 
 from mock import CharTokenizer, MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.batchplan import BatchCosts, JointPlanner, plan_batch
-from nsd.calibrate import Calibration
-from nsd.costmodel import Member, StepCosts, best_k, expected_tokens
+from nsd.draftlen.batchplan import BatchCosts, JointPlanner, plan_batch
+from nsd.draftlen.calibrate import Calibration
+from nsd.draftlen.costmodel import Member, StepCosts, best_k, expected_tokens
 from nsd.errors import NSDError
-from nsd.host_costs import HostCosts
+from nsd.draftlen.host_costs import HostCosts
 
 
 def test_batch_costs_interpolate_and_extend_along_the_last_slope() -> None:

@@ -22,7 +22,7 @@ from nsd.bench.runner import BenchRunner, RunConfig
 from nsd.bench.speed import visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
 from nsd.cli import main
-from nsd.priors import lookup_measured
+from nsd.draftlen.priors import lookup_measured
 from nsd.errors import NSDError
 
 VOCAB = 16

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nsd import calibrate
+from nsd.draftlen import calibrate
 from nsd.models.loader import pick_format
 from mock import MockLM
 
@@ -69,8 +69,8 @@ def quiet_machine(tmp_path: Path, monkeypatch) -> Path:
     def measure():
         yield SimpleNamespace(sample=SimpleNamespace(flagged=False, other_cpu=0.0))
 
-    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("nsd.draftlen.cpu_load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache_dir.cache_dir", lambda: tmp_path)
     return tmp_path
 
 
@@ -82,8 +82,8 @@ def test_comparison_is_cached_and_provisionally_when_busy(clock: Clock, tmp_path
     def measure():
         yield SimpleNamespace(sample=SimpleNamespace(flagged=busy["flag"], other_cpu=0.9))
 
-    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("nsd.draftlen.cpu_load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache_dir.cache_dir", lambda: tmp_path)
     files = {}
     for name in ("original", "q4_0"):
         files[name] = tmp_path / f"{name}.gguf"

@@ -9,7 +9,7 @@ import pytest
 
 from nsd.api import GenerationConfig
 from nsd.cli import build_parser, main
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -7,7 +7,7 @@ import pytest
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
 from nsd.bench.runner import WARMUP_TOKENS
-from nsd.compare import run_compare
+from nsd.bench.compare import run_compare
 from nsd.errors import NSDError
 from nsd.options import default_proposer
 

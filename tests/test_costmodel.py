@@ -9,13 +9,13 @@ import torch
 
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.calibrate import Calibration
-from nsd.costmodel import (AcceptanceTracker, CostModelK, StepCosts, best_k, expected_tokens,
+from nsd.draftlen.calibrate import Calibration
+from nsd.draftlen.costmodel import (AcceptanceTracker, CostModelK, StepCosts, best_k, expected_tokens,
                            marginal_costs)
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig
+from nsd.rules.sampling import SamplingConfig
 
 
 def test_expected_tokens_matches_closed_form() -> None:

@@ -12,14 +12,14 @@ import torch
 from mock import ByteTokenizer, CharTokenizer, MockLM, ScriptLM, cycle_lm
 from nsd.api import Engine, GenerationConfig
 from nsd.stops import StopScanner
-from nsd.costmodel import AdaptiveK
+from nsd.draftlen.costmodel import AdaptiveK
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
-from nsd.sampling import SamplingConfig
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
+from nsd.rules.verify import RuleConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 SAMPLE = SamplingConfig(temperature=1.0)
@@ -145,7 +145,7 @@ def test_sequence_level_distribution_exact_and_nsd_bound() -> None:
 
 def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                      min_p: float) -> list[float]:
-    """The sampling law written out independently of nsd.sampling, in float64: top-k on the
+    """The sampling law written out independently of nsd.rules.sampling, in float64: top-k on the
     logits (every token tied with the k-th kept), temperature, the smallest most-probable
     set whose mass reaches top-p, then min-p relative to the most probable survivor."""
     values = [float(x) for x in logits.double()]

@@ -15,9 +15,9 @@ from mock import MockLM
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.models.draft_vocab import build_vocab_map, kept_ids
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig
+from nsd.rules.sampling import SamplingConfig
 from nsd.models.token_rank import corpus_files, rank
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 V = 16
 TYPES = [1] * (V - 2) + [3, 3]  # the last two are control tokens

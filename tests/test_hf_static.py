@@ -16,8 +16,8 @@ from nsd.backends.hf import HFBackend, resolve_device, resolve_dtype
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.errors import NSDError
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig, logits_to_probs, sample_from
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig, logits_to_probs, sample_from
+from nsd.rules.verify import RuleConfig
 
 transformers = pytest.importorskip("transformers")
 

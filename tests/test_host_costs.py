@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from nsd import host_costs as hc
-from nsd.calibrate import Calibration
+from nsd.draftlen import host_costs as hc
+from nsd.draftlen.calibrate import Calibration
 from nsd.engine import Engine
 from nsd.generation import GenerationConfig
-from nsd.sampling import SamplingConfig
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
+from nsd.rules.verify import RuleConfig
 from mock import CharTokenizer, MockLM
 
 
@@ -71,8 +71,8 @@ def counted(monkeypatch, tmp_path: Path):
         calls.append((vocab, sampling.greedy, rule.kind))
         return hc.HostCosts(0.001, 0.002, 0.0001 * len(calls), 0.0)
 
-    monkeypatch.setattr("nsd.load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
-    monkeypatch.setattr("nsd.cache.cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("nsd.draftlen.cpu_load.LoadMonitor", lambda: SimpleNamespace(measure=measure))
+    monkeypatch.setattr("nsd.cache_dir.cache_dir", lambda: tmp_path)
     monkeypatch.setattr(hc, "measure_host_costs", fake)
     return SimpleNamespace(calls=calls, busy=busy, dir=tmp_path)
 

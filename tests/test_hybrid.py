@@ -7,12 +7,12 @@ import math
 import torch
 
 from mock import MockLM
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts
+from nsd.draftlen.costmodel import AcceptanceTracker, CostModelK, StepCosts
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import FIXED_K_MIN_MATCH, HybridProposer
 from nsd.proposers.ngram import NgramConfig, NgramProposer
-from nsd.sampling import SamplingConfig
+from nsd.rules.sampling import SamplingConfig
 from test_decode import _exact_sequence_probs, _reference_probs
 
 

@@ -265,7 +265,7 @@ def test_amx_build_loads_amx_buffers_and_matches_the_plain_path() -> None:
 
 
 def _library_has(marker: bytes) -> bool:
-    from nsd.calibrate import llama_library_files
+    from nsd.draftlen.calibrate import llama_library_files
 
     return any(marker in p.read_bytes() for p in llama_library_files() if p.name.startswith("libggml-cpu"))
 
@@ -448,7 +448,7 @@ def test_generation_after_a_reused_prefix_agrees_with_a_cold_one(gguf: Path) -> 
     late where two candidates are within rounding of each other."""
     from nsd.decode import DecodeConfig, decode, run_to_end
     from nsd.proposers.ngram import NgramProposer
-    from nsd.sampling import SamplingConfig
+    from nsd.rules.sampling import SamplingConfig
 
     config = DecodeConfig(sampling=SamplingConfig(), k=4, max_new_tokens=24)
     with LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as warm, \
@@ -469,9 +469,9 @@ def test_calibration_key_names_the_weight_layouts_and_kernel_switches(
     """Step costs measured with one set of kernels must not be reused for another: the
     layouts llama.cpp chose and the patches' switches (GGML_NO_AMX, GGML_*_SMALL_M) are in
     the calibration key, as the library build is."""
-    from nsd.calibrate import calibration_key
+    from nsd.draftlen.calibrate import calibration_key
 
-    from nsd.calibrate import _KERNEL_SWITCHES
+    from nsd.draftlen.calibrate import _KERNEL_SWITCHES
 
     for name in _KERNEL_SWITCHES:
         monkeypatch.delenv(name, raising=False)
@@ -498,7 +498,7 @@ def test_calibration_key_of_the_reduced_drafts_wrapper_names_the_wrapped_kernels
     costs were once keyed by torch's version alone, so a rebuilt library or a kernel switch
     (GGML_VNNI_SMALL_M=0 in a benchmark) reused costs measured with other kernels."""
     from nsd.backends.embedding_input import EmbeddingInputBackend
-    from nsd.calibrate import calibration_key
+    from nsd.draftlen.calibrate import calibration_key
 
     monkeypatch.delenv("GGML_VNNI_SMALL_M", raising=False)
     with LlamaCppBackend(gguf, n_threads=2, n_ctx=N_CTX) as inner:

@@ -16,9 +16,9 @@ from mock import MockLM
 from nsd.api import GenerationConfig
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs
+from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs
 from nsd.serve import ServerConfig
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 from serve_support import MockTokenizer, mock_engine, running_server, sse_events
 
 PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.6, logit_bias=((0, 1.5), (3, -2.0)))

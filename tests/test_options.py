@@ -13,7 +13,7 @@ from nsd.api import BackendOptions, GenerationConfig
 from nsd.cli import build_parser
 from nsd.errors import NSDError
 from nsd.integrations.vllm.config import build_config
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 
 def _defaults(config_type: type) -> dict:

@@ -11,7 +11,7 @@ from nsd.api import Engine, GenerationConfig
 from nsd.decode import DecodeConfig, decode, run_to_end
 from nsd.prefix_cache import PrefixCache
 from nsd.proposers.draft_model import DraftModelProposer
-from nsd.sampling import SamplingConfig
+from nsd.rules.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 SAMPLE = SamplingConfig(temperature=1.0)

@@ -1,4 +1,4 @@
-"""Stored starting acceptance estimates for -k auto (nsd.priors)."""
+"""Stored starting acceptance estimates for -k auto (nsd.draftlen.priors)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from importlib import resources
 
 import pytest
 
-from nsd import priors
+from nsd.draftlen import priors
 from nsd.decode import DecodeConfig
 from nsd.engine import Engine
 from nsd.errors import NSDError
-from nsd.priors import AcceptancePriors, priors_from_counts, stored_priors
-from nsd.verify import RuleConfig
-from nsd.sampling import SamplingConfig
+from nsd.draftlen.priors import AcceptancePriors, priors_from_counts, stored_priors
+from nsd.rules.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
 from mock import CharTokenizer, MockLM
 
 

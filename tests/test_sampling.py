@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nsd import sampling
-from nsd.sampling import SamplingConfig, logits_to_probs
+from nsd.rules import sampling
+from nsd.rules.sampling import SamplingConfig, logits_to_probs
 
 
 def reference_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

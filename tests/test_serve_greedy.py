@@ -19,8 +19,8 @@ import torch
 
 from mock import MockLM
 from nsd.api import Engine, GenerationConfig
-from nsd.calibrate import Calibration
-from nsd.host_costs import HostCosts
+from nsd.draftlen.calibrate import Calibration
+from nsd.draftlen.host_costs import HostCosts
 from nsd.serve import ServerConfig
 from serve_support import MockTokenizer, SlowLM, running_server, wait_until
 

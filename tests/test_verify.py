@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from nsd.verify import (
+from nsd.rules.verify import (
     RuleConfig,
     charge,
     nucleus_threshold,
@@ -263,7 +263,7 @@ def test_nucleus_branches_agree_on_unnormalised_rows(device: str, monkeypatch) -
     # nucleus whichever branch runs. Forced here on CPU tensors; natural on a GPU.
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    import nsd.verify as verify_module
+    import nsd.rules.verify as verify_module
 
     gen = torch.Generator().manual_seed(21)
     v = 1000
@@ -412,7 +412,7 @@ def test_sparse_excess_on_cpu_sums_the_terms_of_the_dense_formula(rule: RuleConf
     """On a CPU, E sums only the tokens of S with q > p; it must equal the dense
     ``Σ (q − p)₊ · 1[S]`` over the whole vocabulary (float32 rows, top-p sparse, as the
     decoding loop hands them), with the same membership of every draft token."""
-    from nsd.sampling import SamplingConfig, logits_to_probs
+    from nsd.rules.sampling import SamplingConfig, logits_to_probs
 
     gen = torch.Generator().manual_seed(11)
     config = SamplingConfig(temperature=0.8, top_p=0.95)

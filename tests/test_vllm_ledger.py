@@ -7,7 +7,7 @@ import json
 import torch
 
 from nsd.integrations.vllm.ledger import FidelityLedger, external_request_id
-from nsd.ragged import RaggedVerifyResult
+from nsd.rules.ragged import RaggedVerifyResult
 
 
 def step(ledger: FidelityLedger, step_no: int, rows: dict[str, int]) -> None:

@@ -8,7 +8,7 @@ import pytest
 from nsd.errors import NSDError
 from nsd.integrations.vllm import plugin
 from nsd.integrations.vllm.config import NSDVllmConfig
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 
 def test_set_rule_replaces_the_rule_only(monkeypatch) -> None:

@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from nsd.compare import DEFAULT_PROMPTS, check_methods, run_compare
+    from nsd.bench.compare import DEFAULT_PROMPTS, check_methods, run_compare
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_methods(methods)  # before the models load

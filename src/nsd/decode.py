@@ -19,12 +19,12 @@ import torch
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
-from nsd.costmodel import AdaptiveK, FixedK, KPolicy
+from nsd.draftlen.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
-from nsd.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
+from nsd.rules.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
                           sample_from)
-from nsd.verify import RuleConfig, VerifyResult, charge, method_of_rule, verify
+from nsd.rules.verify import RuleConfig, VerifyResult, charge, method_of_rule, verify
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class DecodeConfig:
     def default_policy(self) -> KPolicy:
         """The policy for a fixed or adaptive ``k``, or plain decoding (``auto_k`` needs
         measured costs, so its policy comes from whoever holds them: see
-        :mod:`nsd.costmodel`)."""
+        :mod:`nsd.draftlen.costmodel`)."""
         if not self.speculative:
             return FixedK(0)
         if self.auto_k:
@@ -113,7 +113,7 @@ class DecodeStats:
     # (the hybrid proposer's copies after a matched n-gram of N tokens), each as [tests,
     # accepts] over draft positions whose test ran (up to the first rejection), so
     # accepts / tests is that source's per-position conditional acceptance. Stored starting
-    # estimates (:mod:`nsd.priors`) are made from these counts.
+    # estimates (:mod:`nsd.draftlen.priors`) are made from these counts.
     acceptance_counts: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -218,7 +218,7 @@ def _fill_removed(top_values: torch.Tensor, top_ids: torch.Tensor, logp: torch.T
 
 def method_name(config: DecodeConfig) -> str:
     """The method a run is named by: what it did (a rule that cannot relax verifies
-    exactly, so it is ``sd``); see :func:`nsd.verify.method_of_rule`."""
+    exactly, so it is ``sd``); see :func:`nsd.rules.verify.method_of_rule`."""
     return method_of_rule(config.rule, config.speculative)
 
 

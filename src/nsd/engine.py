@@ -15,20 +15,20 @@ import torch
 
 from nsd.backends.base import ModelBackend, SupportsBatch, context_limit, device_of, eos_token_ids
 from nsd.backends.sequences import StepBatcher, sequence_views
-from nsd.batchplan import BatchCosts, JointPlanner
-from nsd.calibrate import BATCH_CONTEXT
-from nsd.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
+from nsd.draftlen.batchplan import BatchCosts, JointPlanner
+from nsd.draftlen.calibrate import BATCH_CONTEXT
+from nsd.draftlen.costmodel import AcceptanceTracker, CostModelK, StepCosts, expected_tokens, marginal_costs
 from nsd.decode import DecodeConfig, DecodeStats, decode, method_name
 from nsd.errors import NSDError
 from nsd.options import NEEDS_DRAFT, PROPOSERS, RELAXED_METHODS, default_proposer
 from nsd.decode import TokenLogprob
-from nsd.host_costs import HostCosts, host_costs
+from nsd.draftlen.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
 from nsd.models.loader import (BackendOptions, LoadedModel, backend_kind, check_transformers_flags,
                                load_backend, load_tokenizer)
 from nsd.models.registry import REGISTRY, resolve_model
 from nsd.prefix_cache import PrefixCache
-from nsd.priors import AcceptancePriors, lookup_measured, stored_priors
+from nsd.draftlen.priors import AcceptancePriors, lookup_measured, stored_priors
 from nsd.proposers.base import Proposer
 from nsd.proposers.draft_model import DraftModelProposer
 from nsd.proposers.hybrid import HybridProposer
@@ -316,7 +316,7 @@ class Engine:
 
     def acceptance_priors(self, config: DecodeConfig) -> AcceptancePriors:
         """Where ``-k auto``'s acceptance estimates start for this generation: the values
-        stored for this model pair and setting (:mod:`nsd.priors`), else the default."""
+        stored for this model pair and setting (:mod:`nsd.draftlen.priors`), else the default."""
         target, draft = self.model_names
         if self.proposer_kind not in NEEDS_DRAFT:
             draft = None  # prompt lookup alone: stored under (target, None)
@@ -327,7 +327,7 @@ class Engine:
         return stored_priors(target, draft, method_name(config), config.sampling.greedy)
 
     def _host_costs(self, config: DecodeConfig) -> HostCosts:
-        """nsd's own work per pass for this sampling and rule (see :mod:`nsd.host_costs`):
+        """nsd's own work per pass for this sampling and rule (see :mod:`nsd.draftlen.host_costs`):
         stored beside the step costs for models loaded from files; measured once per engine
         otherwise, so repeated seeded calls choose alike. A target on an accelerator runs
         that work there, where these CPU timings do not apply: it is left unpriced."""
@@ -388,7 +388,7 @@ class Engine:
         return slots, batcher
 
     def _joint_planner(self, n: int) -> JointPlanner | None:
-        """The slots' shared draft-length plan (:mod:`nsd.batchplan`), priced by forwards
+        """The slots' shared draft-length plan (:mod:`nsd.draftlen.batchplan`), priced by forwards
         of up to ``n`` sequences measured as the batch runs them (once per machine and
         file). None where the models' contexts are too short to measure them."""
         assert self.draft_model is not None and self.draft is not None

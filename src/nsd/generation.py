@@ -16,8 +16,8 @@ from typing import Any, Mapping
 from nsd import options as optspec
 from nsd.decode import DecodeConfig, DecodeStats
 from nsd.errors import NSDError
-from nsd.sampling import SamplingConfig
-from nsd.verify import RuleConfig
+from nsd.rules.sampling import SamplingConfig
+from nsd.rules.verify import RuleConfig
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ vLLM's ``nsd`` section exactly as here. The front ends never restate a default o
 range: the CLI flags are generated from these specs (:mod:`nsd.cli_args`), the server
 checks its request fields with :func:`check`, the bench's grid defaults and the vLLM
 section read :func:`default`, and the frozen configs (:class:`nsd.api.GenerationConfig`,
-:class:`nsd.api.BackendOptions`, :class:`nsd.verify.RuleConfig`, …) validate themselves
+:class:`nsd.api.BackendOptions`, :class:`nsd.rules.verify.RuleConfig`, …) validate themselves
 against them on construction.
 
 The options fall into three concerns, one frozen config each:
@@ -142,8 +142,8 @@ def _opts(*options: Option) -> dict[str, Option]:
 
 
 METHODS = ("ar", "sd", "nsd", "typical")
-# The verification rule each method runs (nsd.verify.RuleConfig.kind): the one table that
-# maps methods to rules, read both ways (RuleConfig.for_method, nsd.verify.method_of_rule).
+# The verification rule each method runs (nsd.rules.verify.RuleConfig.kind): the one table that
+# maps methods to rules, read both ways (RuleConfig.for_method, nsd.rules.verify.method_of_rule).
 METHOD_RULE = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
 SPECULATIVE = ("sd", "nsd", "typical")  # the methods that draft
 
@@ -159,7 +159,7 @@ def default_proposer(has_draft: bool, lookup_measured: bool = False) -> str:
     """The proposer every front end uses when none is named: without a draft model, ngram.
 
     With one, hybrid only where starting acceptance estimates for prompt lookup beside it
-    are stored (``lookup_measured``, see :func:`nsd.priors.lookup_measured`; the built-in
+    are stored (``lookup_measured``, see :func:`nsd.draftlen.priors.lookup_measured`; the built-in
     pair): that is where it was measured at par on code and ahead on documents. With the
     generic estimates it lost to the draft model alone on code (BENCHMARKS.md), so any
     other draft model drafts alone unless hybrid is asked for."""
@@ -195,7 +195,7 @@ DECODING = _opts(
            help="keep the smallest set of tokens with mass >= top-p (1 disables)"),
     Option("min_p", 0.0, float, low=0.0, high=1.0, high_open=True,
            help="drop tokens below min-p times the most likely one's probability (0 disables)"),
-    # OpenAI's ranges; the count is of generated tokens only (see nsd.sampling.adjust_logits).
+    # OpenAI's ranges; the count is of generated tokens only (see nsd.rules.sampling.adjust_logits).
     Option("presence_penalty", 0.0, float, low=-2.0, high=2.0,
            help="subtract this from the logit of every token already generated (OpenAI's "
                 "presence_penalty; target and draft alike)"),

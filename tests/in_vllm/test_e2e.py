@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 vllm = pytest.importorskip("vllm")
 
 from nsd.integrations.vllm.plugin import ACTIVE, set_rule  # noqa: E402
-from nsd.verify import RuleConfig  # noqa: E402
+from nsd.rules.verify import RuleConfig  # noqa: E402
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 TARGET = MODELS / "qwen2.5-coder-1.5b-instruct" / "hf"

@@ -50,7 +50,7 @@ if not HAS_TRITON:
 from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as v2  # noqa: E402
 
 from nsd.integrations.vllm.sampler_v2 import nsd_rejection_sample_v2  # noqa: E402
-from nsd.verify import RuleConfig  # noqa: E402
+from nsd.rules.verify import RuleConfig  # noqa: E402
 
 STOCK = getattr(v2.rejection_sample, "__wrapped__", v2.rejection_sample)
 NOTHING_RELAXED = [RuleConfig(kind="exact"), RuleConfig(kind="nucleus", theta=0.0),

@@ -139,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from nsd.bench.report import write_report
     from nsd.bench.runner import RunConfig, collect, pending
     from nsd.bench.store import Journal
-    from nsd.priors import lookup_measured
+    from nsd.draftlen.priors import lookup_measured
 
     if args.target is None:  # the default pair; a custom target brings its own draft
         args.target = DEFAULT_TARGET
@@ -192,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace, config, journal):
-    from nsd.load import LoadMonitor
+    from nsd.draftlen.cpu_load import LoadMonitor
     from nsd.bench.runner import BenchRunner
 
     methods = config.methods

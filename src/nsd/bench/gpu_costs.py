@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 from nsd.backends.hf import HFBackend
-from nsd.sampling import SamplingConfig, logits_to_probs, plausibility_probs
-from nsd.verify import RuleConfig, verify
+from nsd.rules.sampling import SamplingConfig, logits_to_probs, plausibility_probs
+from nsd.rules.verify import RuleConfig, verify
 
 VOCAB = 151936
 # Public Qwen2.5 configs (config.json of the base models); 0.5B and 1.5B tie embeddings.

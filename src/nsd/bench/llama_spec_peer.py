@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from nsd.cache import cache_dir
+from nsd.cache_dir import cache_dir
 from nsd.decode import DecodeStats
 from nsd.errors import NSDError
 from nsd.generation import GenerationConfig

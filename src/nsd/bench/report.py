@@ -20,8 +20,8 @@ from nsd.bench import metrics
 from nsd.bench.methods import LLAMA_PEERS, MethodSpec, is_peer_family
 from nsd.bench.speed import paired_ratio
 from nsd.bench.store import SUMMARY, write_json_atomic, write_text_atomic
-from nsd.calibrate import kernel_switches
-from nsd.machine import cpu_description
+from nsd.draftlen.calibrate import kernel_switches
+from nsd.draftlen.machine import cpu_description
 
 
 def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[dict]:

@@ -21,7 +21,7 @@ from nsd.bench.metrics import mean_log_likelihood
 from nsd.bench.schedule import method_order, missing
 from nsd.bench.speed import tokens_per_s, visible_tokens
 from nsd.bench.store import Journal
-from nsd.load import LoadMonitor
+from nsd.draftlen.cpu_load import LoadMonitor
 from nsd.errors import NSDError
 from nsd.options import NEEDS_DRAFT
 

@@ -3,7 +3,7 @@
 A model argument is resolved (:mod:`nsd.models.registry`), converted when the backend
 needs another form (:mod:`nsd.models.hf_convert`, :mod:`nsd.models.weights`,
 :mod:`nsd.models.draft_vocab`) and opened on the llama.cpp or transformers backend;
-``--weights auto`` measures the formats side by side (:mod:`nsd.calibrate`) and keeps
+``--weights auto`` measures the formats side by side (:mod:`nsd.draftlen.calibrate`) and keeps
 the cheapest.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.backends.base import ModelBackend
-from nsd.calibrate import (CONTEXT_TOKENS, Calibration, calibrate, calibrate_batched,
+from nsd.draftlen.calibrate import (CONTEXT_TOKENS, Calibration, calibrate, calibrate_batched,
                            compare_step_costs, fitting_context, measure)
 from nsd.errors import NSDError
 from nsd.backends.embedding_input import VocabMap
@@ -89,7 +89,7 @@ class LoadedModel:
 
     def batched_costs(self, seqs: Sequence[int], widths: Sequence[int]) -> tuple[tuple[float, ...], ...]:
         """Seconds of one batched forward of ``seqs[i]`` sequences of ``widths[j]`` tokens
-        each (:func:`nsd.calibrate.measure_batched`; measured once, cached)."""
+        each (:func:`nsd.draftlen.calibrate.measure_batched`; measured once, cached)."""
         return calibrate_batched(self.backend, self.file, seqs, widths)
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from nsd.errors import NSDError
-from nsd.cache import cache_dir
+from nsd.cache_dir import cache_dir
 from nsd.backends.files import check_gguf, check_hf_folder, require_tokenizer
 from nsd.models.markers import (check_marker, notice, remove_artefact, remove_marker,
                                 remove_stale_temps, sha256_file, write_marker)

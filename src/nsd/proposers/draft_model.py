@@ -11,7 +11,7 @@ from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.backends.embedding_input import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
-from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
+from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
 
 
 __all__ = ["DraftModelProposer", "common_prefix_length"]

@@ -4,7 +4,7 @@ Copying a continuation of an earlier occurrence of the context's last n-gram cos
 nothing, and where text repeats (code being edited, a document being summarised or
 quoted, a conversation echoing itself) such copies are often accepted. Elsewhere the draft
 model proposes. Which one drafts the next block, and how many tokens, is the draft-length
-policy's choice (:meth:`nsd.costmodel.CostModelK.plan` prices both: a lookup block costs
+policy's choice (:meth:`nsd.draftlen.costmodel.CostModelK.plan` prices both: a lookup block costs
 no draft steps and has its own acceptance estimate); this class only offers both.
 
 Exactness is untouched: each block is verified against the ``q`` it was really drawn from

@@ -69,7 +69,7 @@ class _BatchCollector:
                                   value=stats.sequences if stats else 0)
         yield CounterMetricFamily("nsd_batch_tokens", "tokens those forwards carried",
                                   value=stats.tokens if stats else 0)
-        # The draft lengths chosen for the whole batch (nsd.batchplan): cycles in which the
+        # The draft lengths chosen for the whole batch (nsd.draftlen.batchplan): cycles in which the
         # batch drafted together, and those in which it stepped plainly.
         cycles = getattr(getattr(batcher, "plan", None), "cycles", (0, 0))
         family = CounterMetricFamily("nsd_batch_plan_cycles", "cycles the batch's joint draft "

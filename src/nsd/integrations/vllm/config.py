@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from nsd import options as optspec
 from nsd.errors import NSDError
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 ENV_VAR = "NSD_VLLM_CONFIG"
 # The sampler internals the plugin replaces were read from these releases (0.32 and 0.33:

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from nsd.ragged import RaggedVerifyResult
-from nsd.verify import charge
+from nsd.rules.ragged import RaggedVerifyResult
+from nsd.rules.verify import charge
 
 # A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
 # its processes, so these lines appear in the server's log beside vLLM's; a logger of our own
@@ -96,7 +96,7 @@ class FidelityLedger:
         """Keep this step's per-request figures on the device; read back at the next step.
 
         The deviations are kept per position, not summed: :meth:`_fold` charges them onto
-        ``D`` left to right with :func:`nsd.verify.charge`, exactly as the budget scan did,
+        ``D`` left to right with :func:`nsd.rules.verify.charge`, exactly as the budget scan did,
         so the ``D`` the next step's budget reads is the scan's own total and never an ulp
         over ``B``.
         """

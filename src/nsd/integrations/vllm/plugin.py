@@ -51,7 +51,7 @@ from nsd.integrations.vllm.config import (
 )
 from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
-from nsd.verify import RuleConfig
+from nsd.rules.verify import RuleConfig
 
 # A child of vLLM's own logger: vLLM configures "vllm" (handler, INFO level) in every one of
 # its processes, so these lines appear in the server's log beside vLLM's; a logger of our own

@@ -3,7 +3,7 @@
 No vLLM import here: this module only needs the few attributes of vLLM's
 ``SamplingMetadata`` it reads (``all_greedy``, ``all_random``, ``temperature``,
 ``generators``), so it is tested without vLLM installed. The acceptance math is
-:mod:`nsd.ragged` / :mod:`nsd.verify`; what lives here is the order in which random
+:mod:`nsd.rules.ragged` / :mod:`nsd.rules.verify`; what lives here is the order in which random
 numbers are drawn, copied from the behaviour of vLLM 0.32's stock V1 sampler (unchanged in
 0.33) so that a rule that relaxes nothing gives the stock output bit for bit:
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from nsd.ragged import RaggedVerifyResult, recover_tokens_ragged, verify_ragged
-from nsd.verify import RuleConfig
+from nsd.rules.ragged import RaggedVerifyResult, recover_tokens_ragged, verify_ragged
+from nsd.rules.verify import RuleConfig
 
 GREEDY_TEMPERATURE = 0.0  # vLLM marks greedy requests with temperature 0
 

@@ -16,7 +16,7 @@ position instead of a ``torch.Generator``:
   when the rejected draft is -1) or over ``p`` at the bonus row; greedy requests emit the
   target argmax instead.
 
-:func:`nsd_rejection_sample_v2` maps that layout onto :mod:`nsd.ragged` (the same rule as
+:func:`nsd_rejection_sample_v2` maps that layout onto :mod:`nsd.rules.ragged` (the same rule as
 the V1 path and the local decoder) and draws its random numbers through V2's own Triton
 helpers (``tl_rand32`` and ``gumbel_noised_argmax`` from ``vllm/v1/worker/gpu/sample/
 gumbel.py``), called from two small kernels of ours, so that a rule that relaxes nothing
@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nsd.ragged import RaggedVerifyResult, residual_ragged, token_request_index, verify_ragged
-from nsd.verify import RuleConfig
+from nsd.rules.ragged import RaggedVerifyResult, residual_ragged, token_request_index, verify_ragged
+from nsd.rules.verify import RuleConfig
 
 try:  # V2's random-number helpers: present in vLLM 0.32 and 0.33
     from vllm.v1.worker.gpu.sample.gumbel import gumbel_noised_argmax, tl_rand32

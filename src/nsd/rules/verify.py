@@ -34,7 +34,7 @@ import torch
 
 from nsd import options
 from nsd.errors import NSDError
-from nsd.sampling import sample_from
+from nsd.rules.sampling import sample_from
 
 RULE_KINDS = ("exact", "nucleus", "typical")
 
@@ -415,7 +415,7 @@ def first_rejection(
     """The first rejection, vectorised (no loop over rows or positions), and the
     deviation: ``λ_t·E_t`` where a token is emitted (the accepted prefix and the rejected
     position, whose recovered token it shapes), 0 after. The one place both verifiers,
-    :func:`verify_block` and :func:`nsd.ragged.verify_ragged`, find where a block ends."""
+    :func:`verify_block` and :func:`nsd.rules.ragged.verify_ragged`, find where a block ends."""
     k = accepted.shape[-1]
     leading = (~accepted).cumsum(dim=-1) == 0  # [B, k]
     num_accepted = leading.sum(dim=-1)

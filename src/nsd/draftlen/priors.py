@@ -1,6 +1,6 @@
 """Starting acceptance estimates for ``-k auto``, per proposer, measured on held-out prompts.
 
-The draft-length policy (:class:`nsd.costmodel.CostModelK`) learns each proposer's
+The draft-length policy (:class:`nsd.draftlen.costmodel.CostModelK`) learns each proposer's
 acceptance online within a generation, starting from a prior. With one prior for every
 source, prompt lookup and the draft model started level at 0.6 per position, although on
 the same models the draft model is accepted far more often than a copy after a one-token

@@ -4,7 +4,7 @@ In a batch (:mod:`nsd.backends.sequences`) the requests' forwards meet in *round
 round runs one forward per model over whatever the members handed in. A request that
 drafts ``k`` tokens spends ``k`` rounds in the draft's forwards and one in the target's,
 so alone among plain-stepping requests its block costs what its tokens add to forwards
-that run anyway (:func:`nsd.costmodel.marginal_costs`), and on a CPU that rarely pays. But
+that run anyway (:func:`nsd.draftlen.costmodel.marginal_costs`), and on a CPU that rarely pays. But
 when *every* request drafts the same ``k`` at the same time, the ``k`` drafting rounds run
 no target forward at all: the batch pays ``k`` draft forwards and one target forward over
 all the blocks, instead of ``k + 1`` target forwards. Where a target forward costs nearly
@@ -21,7 +21,7 @@ in one forward. Where the plan is to step plainly, each member's own policy deci
 would alone if it is alone in the batch; beside others it steps plainly or copies a
 prompt-lookup block (which costs no draft round), since a block of its own cannot pay.
 A request's first block in a batch is always a plain step (see
-:meth:`nsd.costmodel.CostModelK.plan`), so its first token never waits on draft rounds.
+:meth:`nsd.draftlen.costmodel.CostModelK.plan`), so its first token never waits on draft rounds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
-from nsd.costmodel import Member, expected_tokens
+from nsd.draftlen.costmodel import Member, expected_tokens
 from nsd.errors import NSDError
 
 
@@ -50,7 +50,7 @@ def _bracket(xs: Sequence[int], x: float) -> tuple[int, int, float]:
 class BatchCosts:
     """Seconds of one batched forward of ``s`` sequences carrying ``n`` tokens together,
     from a measured grid: ``seconds[i][j]`` for ``seqs[i]`` sequences of ``widths[j]``
-    tokens each (:func:`nsd.calibrate.measure_batched`). Between grid points it is
+    tokens each (:func:`nsd.draftlen.calibrate.measure_batched`). Between grid points it is
     interpolated (bilinearly in sequences and tokens per sequence), beyond them
     extrapolated along the last two."""
 
@@ -182,7 +182,7 @@ class JointPlanner:
         self._rounds, self._members = rounds, members
 
     def set_host(self, pass_cost: Callable[[int], float], draft_token: float) -> None:
-        """nsd's own work per pass and per drafted token (:mod:`nsd.host_costs`). It
+        """nsd's own work per pass and per drafted token (:mod:`nsd.draftlen.host_costs`). It
         depends on a request's sampling settings; the batch is priced with the latest
         request's, a small term beside the forwards."""
         with self._lock:

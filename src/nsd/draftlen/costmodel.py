@@ -12,7 +12,7 @@ step (``k = 0``) yields one token for ``c_t(1)``. Before every block :class:`Cos
 picks the ``k`` with the highest ``E_k / cost_k``, so a speculative run falls back to
 plain decoding wherever no ``k`` pays.
 
-The costs come from a calibration (:mod:`nsd.calibrate`, measured once per machine, file
+The costs come from a calibration (:mod:`nsd.draftlen.calibrate`, measured once per machine, file
 and thread count, and stored). Acceptance is tracked online per position, within one
 generation. The policy never reads the clock: its choices are a function of the stored
 calibration, the seed (its Thompson draws) and the acceptance seen so far in this
@@ -49,7 +49,7 @@ class Member:
 
 class BatchPlan(Protocol):
     """The draft lengths chosen for a server's whole batch, as :class:`CostModelK` uses
-    them (:class:`nsd.batchplan.JointPlanner`, which builds on this module)."""
+    them (:class:`nsd.draftlen.batchplan.JointPlanner`, which builds on this module)."""
 
     def join(self, key: Hashable, member: Member) -> None: ...
 
@@ -295,7 +295,7 @@ class CostModelK(KPolicy):
     lookup_tracker: AcceptanceTracker | None = None
     lookup_trackers: dict[int, AcceptanceTracker] = field(default_factory=dict)
     # The starting estimate of lookups after an m-token match (None: the template's prior);
-    # see :mod:`nsd.priors`.
+    # see :mod:`nsd.draftlen.priors`.
     lookup_prior: Callable[[int], float] | None = None
     # A draft that sat out plain steps must first read what it missed: ``catchup`` times
     # its step cost per missed token (a batched forward costs far less per token than a
@@ -310,7 +310,7 @@ class CostModelK(KPolicy):
     # forwards it joins (see :func:`marginal_costs`), asked before every choice.
     reprice: Callable[[], StepCosts] | None = None
     # In a server's batch: the draft lengths the batch chose together, where it chose to
-    # draft (a :class:`nsd.batchplan.JointPlanner`; None: each request decides alone).
+    # draft (a :class:`nsd.draftlen.batchplan.JointPlanner`; None: each request decides alone).
     joint: BatchPlan | None = None
 
     def __post_init__(self) -> None:
@@ -406,7 +406,7 @@ class CostModelK(KPolicy):
         return k, True
 
     def _joint_block(self, k: int, free: int, match: int) -> tuple[int, bool]:
-        """The block the batch's plan gave this request (see :mod:`nsd.batchplan`): ``k``
+        """The block the batch's plan gave this request (see :mod:`nsd.draftlen.batchplan`): ``k``
         drafts, or with ``k = 0`` a plain step, or a lookup block where one beats it (it
         costs no draft rounds, and its target forward runs beside the others' anyway)."""
         if k == 0:
@@ -422,7 +422,7 @@ class CostModelK(KPolicy):
         return k, False
 
     def join(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Enter the batch's plan, before the prompt's forward (:mod:`nsd.batchplan`)."""
+        """Enter the batch's plan, before the prompt's forward (:mod:`nsd.draftlen.batchplan`)."""
         if self.joint is not None:  # (its first block will be a plain step: no drafts)
             self.joint.join(id(self), self._member(0, prompt_tokens, max_new_tokens))
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from nsd.backends.base import ModelBackend, context_limit
 from nsd.errors import NSDError
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 
 CONTEXT_TOKENS = 256  # cached tokens before the measured forwards (a typical prompt)
 REPEATS = 5
@@ -229,7 +229,7 @@ def measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | 
     measured them, busy costs would make a seeded ``-k auto`` generation choose other draft
     lengths on every run of a machine that never goes quiet; stored for good, they would
     misprice every later run. ``busy`` names the costs in the message saying so."""
-    from nsd.load import LoadMonitor  # psutil: only needed when measuring
+    from nsd.draftlen.cpu_load import LoadMonitor  # psutil: only needed when measuring
 
     entry = _read_entry(path, key) if read is not None else None
     provisional = None
@@ -267,7 +267,7 @@ def measured_once(path: Path, key: dict[str, Any], read: Callable[[Any], Any] | 
 def cache_path(stem: str, key: dict[str, Any]) -> Path:
     """Where the costs measured under ``key`` are stored: one JSON file per key, named
     ``stem`` and a digest of the key (read and written by :func:`measured_once`)."""
-    from nsd.cache import cache_dir
+    from nsd.cache_dir import cache_dir
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir() / "calibration" / f"{stem}-{digest}.json"

@@ -6,12 +6,12 @@ where ``cu = cu_num_draft_tokens`` is the inclusive cumulative count (int32, on 
 device). Requests have different numbers of drafts, and greedy and sampled requests share
 a batch.
 
-This module adapts that layout to nsd's own rule (:mod:`nsd.verify`): the relaxed set and
+This module adapts that layout to nsd's own rule (:mod:`nsd.rules.verify`): the relaxed set and
 its excess ``E`` are computed on the flat ``[num_tokens, V]`` tensors by
-:func:`nsd.verify.relaxed_set_stats`; only the small per-position results are gathered
+:func:`nsd.rules.verify.relaxed_set_stats`; only the small per-position results are gathered
 into a padded ``[batch, max_spec_len]`` layout, where the budget policy
-(:func:`nsd.verify.relaxation_weights`) and the acceptance probability
-(:func:`nsd.verify.relaxed_acceptance`) are applied, the first rejection is found and
+(:func:`nsd.rules.verify.relaxation_weights`) and the acceptance probability
+(:func:`nsd.rules.verify.relaxed_acceptance`) are applied, the first rejection is found and
 the output is scattered into the engine's ``[batch, max_spec_len + 1]`` int32 format with
 ``-1`` in slots that emit nothing.
 
@@ -24,7 +24,7 @@ or an exhausted budget) the output is the engine's stock output bit for bit:
   ``(p − q)₊`` (``argmax (p − q)₊ / e`` with one ``e ~ Exp(1)`` vector per request), which
   is an exact draw from the normalised residual;
 - greedy requests verify against the target argmax, emit it on rejection, and relax
-  all-or-nothing, as in the local decoder (:func:`nsd.verify.relaxation_weights`): a
+  all-or-nothing, as in the local decoder (:func:`nsd.rules.verify.relaxation_weights`): a
   partial relaxation at temperature 0 would make the output depend on the seed.
 
 Everything is vectorised over tokens and requests; nothing is read back to the host.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nsd.verify import (BlockOutcome, RuleConfig, charge, first_rejection, relaxation_weights, relaxed_acceptance,
+from nsd.rules.verify import (BlockOutcome, RuleConfig, charge, first_rejection, relaxation_weights, relaxed_acceptance,
                         relaxed_set_stats)
 
 PLACEHOLDER_TOKEN_ID = -1  # the engine's marker for "no token in this slot"
@@ -159,7 +159,7 @@ def verify_ragged(
     greedy_flat = _greedy_flat(is_greedy, cu_num_draft_tokens, num_tokens)  # [T]
     greedy_tok = _pad(greedy_flat, index, False)  # [B, K]
 
-    # --- the rule's per-token quantities, on the flat layout (nsd.verify, unchanged math)
+    # --- the rule's per-token quantities, on the flat layout (nsd.rules.verify, unchanged math)
     in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
     exact_random = _exact_part(target_probs, draft_probs, safe_tokens, real)  # [T] float64
     hit_argmax = tokens == target_argmax.long()

@@ -16,9 +16,9 @@ from typing import Sequence
 from nsd.aggregate import deviation_per_token, median, speedup, tau
 from nsd.bench.runner import WARMUP_TOKENS
 from nsd.bench.schedule import method_order
-from nsd.calibrate import kernel_switches
+from nsd.draftlen.calibrate import kernel_switches
 from nsd.errors import NSDError
-from nsd.machine import cpu_description
+from nsd.draftlen.machine import cpu_description
 
 DEFAULT_PROMPTS = (
     "def quicksort(arr):",

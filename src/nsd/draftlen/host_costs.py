@@ -1,7 +1,7 @@
 """nsd's own work per pass, measured once per machine, so ``-k auto`` prices it.
 
 The model steps are not all a pass costs. Between them nsd turns logits into
-distributions (:func:`nsd.sampling.logits_to_probs` on every verified row), runs the
+distributions (:func:`nsd.rules.sampling.logits_to_probs` on every verified row), runs the
 acceptance rule and draws; the draft transforms and draws each token it proposes. A
 plain step does only one row's worth of it. On two Zen 4 cores that was 2–3 ms per
 verification pass against ~0.4 ms per plain step at T = 0, and more when sampling: small
@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from nsd.costmodel import StepCosts
-from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from
-from nsd.verify import RuleConfig, verify
+from nsd.draftlen.costmodel import StepCosts
+from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from
+from nsd.rules.verify import RuleConfig, verify
 
 REPEATS = 21
 _PEAK_TOKENS = 32  # tokens carrying most of a synthetic row's mass
@@ -161,7 +161,7 @@ def measure_host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n
 def _code_digest() -> str:
     """A digest of the code that is timed: a faster transform or rule in a later version
     must not be priced with the old one's cached costs."""
-    from nsd import sampling, verify
+    from nsd.rules import sampling, verify
 
     digest = hashlib.sha256()
     for module in (sampling, verify, sys.modules[__name__]):
@@ -173,7 +173,7 @@ def host_costs_key(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max
                    draft_vocab: int | None) -> dict[str, Any]:
     """Everything the measurement depends on (the values of the knobs do not matter, only
     which filters run)."""
-    from nsd.machine import cpu_description
+    from nsd.draftlen.machine import cpu_description
 
     return {
         "version": _VERSION, "code": _code_digest(), "cpu": cpu_description(), "torch": torch.__version__,
@@ -189,8 +189,8 @@ def host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n_max: in
     """:func:`measure_host_costs`, read from the calibration cache when this machine has
     measured it before (``persist=False``: always measured, never stored). Measured
     while other processes kept the cores busy, it is stored provisionally
-    (:func:`nsd.calibrate.measured_once`)."""
-    from nsd.calibrate import cache_path, measured_once
+    (:func:`nsd.draftlen.calibrate.measured_once`)."""
+    from nsd.draftlen.calibrate import cache_path, measured_once
 
     key = host_costs_key(vocab, sampling, rule, n_max, draft_vocab)
 
