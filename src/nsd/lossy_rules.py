@@ -25,7 +25,8 @@ Each rule below is the engine's own, read from its source (cited; no code copied
       temperature-0 rows fall back to strict greedy there. Its output at a position is a
       point mass on ``y = x`` (in ``S``) or ``y = argmax`` (not), so, exactly,
       ``E_t = TV(δ_y, p) = 1 − p(y)``, known before the decision. Defaults K = 10,
-      δ = 0.6 from MAX's ``SpeculativeConfig`` (``relaxed_topk``/``relaxed_delta``).
+      δ = 0.6 from MAX's ``SpeculativeConfig`` fields ``relaxed_topk``/``relaxed_delta``
+      (the stored copy read gave no file path; its docs match the sampler above).
       TensorRT-LLM's own defaults are 1 and 0 (off), its DeepSeek-R1 recipe 10 and 0.6.
     Both engines relax only inside ``<think>…</think>``; nsd relaxes every position (as if
     the whole reply were a thinking span) and leaves the span policy to the caller.
@@ -33,7 +34,8 @@ Each rule below is the engine's own, read from its source (cited; no code copied
 ``threshold`` — SGLang's ``speculative_accept_threshold_single`` / ``_acc``.
     ``sgl-kernel/csrc/speculative/speculative_sampling.cuh``
     (``TreeSpeculativeSamplingTargetOnly``), called from the non-greedy branch of
-    ``python/sglang/srt/speculative/eagle_info.py`` with ``p`` = softmax(logits / T) after
+    ``python/sglang/srt/speculative/eagle_info.py`` (``eagle_utils.py`` in older releases;
+    defaults and help text in ``server_args.py``) with ``p`` = softmax(logits / T) after
     top-k/top-p renormalisation. Draft tokens are deterministic ("target only": q is
     ignored). For a chain (one candidate per depth, nsd's case) the accumulated mass is
     the candidate's own ``p(x)``, so: accept iff ``u ≤ p(x)/t_acc`` or ``p(x) ≥ t_single``;
