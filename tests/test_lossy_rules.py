@@ -413,10 +413,10 @@ def test_fly_sequence_tv_is_bounded_by_expected_d(threshold: float) -> None:
     assert tv <= d + 1e-12
 
 
-@pytest.mark.parametrize("smooth_rule", ["fly"])
-def test_fly_refuses_smooth(smooth_rule: str) -> None:
+def test_fly_refuses_smooth_but_the_set_rules_take_it() -> None:
     with pytest.raises(NSDError, match="fly: --smooth"):
-        LossyRuleConfig(smooth_rule, smooth=True)
+        LossyRuleConfig("fly", smooth=True)
+    assert LossyRuleConfig("threshold", smooth=True).smooth and LossyRuleConfig("topk_delta", smooth=True).smooth
 
 
 # --------------------------------------------------------------------------- budgets
@@ -453,20 +453,28 @@ def test_budget_never_exceeded_on_any_path(kind: str, greedy: bool, smooth: bool
 
 
 def test_fly_budget_gates_on_cost_without_the_window() -> None:
-    """The opening decision at t must not read later uniforms through the budget."""
-    gen = torch.Generator().manual_seed(15)
+    """A position's opening must not read later uniforms through the budget.
+
+    Position 0 (flat target) costs the whole budget; position 1 is confident (gated out)
+    and its uniform decides 0's window. Position 2's opening must be the same either way:
+    closed, since the budget scan charged position 0 whatever its window said."""
     b, k = 1, 4
-    plaus = torch.full((b, k, V), 1.0 / V, dtype=torch.float64)  # high entropy everywhere
+    flat = torch.full((V,), 1.0 / V, dtype=torch.float64)
+    sure = torch.full((V,), 0.01 / (V - 1), dtype=torch.float64)
+    sure[0] = 0.99
+    plaus = torch.stack([flat, sure, flat, flat]).unsqueeze(0)  # [1, 4, V]
     target = torch.cat([plaus, plaus[:, :1]], 1)
     tokens = torch.zeros(b, k, dtype=torch.long)
-    rule = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.0, budget=1.0 - 1.0 / V)
+    rule = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5, budget=1.0 - 1.0 / V)
     outs = []
-    for u1 in (0.01, 0.99):  # position 1 natively accepts / rejects
-        u = torch.tensor([[0.99, u1, 0.01, 0.01]], dtype=torch.float64)
-        opened, cost = fly_deferrals(rule, target, plaus, tokens, None, u, torch.zeros(b, dtype=torch.float64))
-        outs.append(opened[0, 2].item())
-    # Position 2's opening depends on the budget only (the cost at 0 uses it all up), not on u1.
-    assert outs[0] == outs[1] is False
+    for u1 in (0.01, 0.995):  # position 1 natively accepts / rejects
+        u = torch.tensor([[0.99, u1, 0.99, 0.01]], dtype=torch.float64)
+        opened, _ = fly_deferrals(rule, target, plaus, tokens, None, u, torch.zeros(b, dtype=torch.float64))
+        outs.append(bool(opened[0, 2]))
+    assert outs == [False, False]
+    free = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5)
+    opened, _ = fly_deferrals(free, target, plaus, tokens, None, u, torch.zeros(b, dtype=torch.float64))
+    assert bool(opened[0, 2])  # without a budget it would open: the budget is what closed it
 
 
 def test_lossy_config_checks_knobs_with_the_option_words() -> None:

@@ -57,6 +57,10 @@ Each rule below is the engine's own, read from its source (cited; no code copied
     ``p̂(x_t) > 0`` (and ``q(x_t) > 0``), and the *native* test passes at every one of
     ``t+1 … t+W`` (same uniforms). Greedy and sampled drafts, greedy and sampled
     verification. Defaults W = 6 (vLLM: ``min(6, k − 1)``), threshold 0.3, top-k 3.
+    nsd follows ModelRunnerV1's pre-pass there (entropy of the *processed* ``p`` when
+    sampling, of the raw-logit softmax when greedy); a review of the vLLM pull request
+    notes that one ModelRunnerV2 version gated on untempered logits at T > 0 (the same at
+    T = 0).
     The deviation is not a per-position set formula (the decision reads future tokens).
     nsd reports a derived *bound* ``D``, charging ``c_t = 1 − m_t`` at every emitted
     position where a deferral was open (gate and window pass, budget allows) whether or
