@@ -38,6 +38,12 @@ def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(idx, v).double()
 
 
+def _uniforms(gen: torch.Generator, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept uniforms [b, k] and sample uniforms [b], float64."""
+    return (torch.rand(b, k, generator=gen, dtype=torch.float64),
+            torch.rand(b, generator=gen, dtype=torch.float64))
+
+
 # --------------------------------------------------------------------------- references
 
 
@@ -120,10 +126,11 @@ def test_topk_delta_k1_at_greedy_is_sd_bit_for_bit() -> None:
     gen = torch.Generator().manual_seed(2)
     b, k = 64, 5
     plaus = _dist(gen, b * k).view(b, k, V).float()
-    target = torch.cat([_one_hot(plaus.argmax(-1), V), _one_hot(torch.zeros(b, 1, dtype=torch.long), V)], 1).float()
+    bonus = _one_hot(torch.zeros(b, 1, dtype=torch.long), V)
+    target = torch.cat([_one_hot(plaus.argmax(-1), V), bonus], 1).float()
     tokens = torch.where(torch.rand(b, k, generator=gen) < 0.7, plaus.argmax(-1),
                          torch.randint(0, V, (b, k), generator=gen))
-    u, s = torch.rand(b, k, generator=gen, dtype=torch.float64), torch.rand(b, generator=gen, dtype=torch.float64)
+    u, s = _uniforms(gen, b, k)
     for delta in (0.0, 0.6):  # K = 1: S is the argmax alone, whatever δ
         res = verify_lossy(LossyRuleConfig("topk_delta", relaxed_topk=1, relaxed_delta=delta),
                            target, plaus, tokens, None, u, s, greedy=True)
@@ -159,7 +166,8 @@ def test_topk_delta_sampled_is_modular_max_verdict_with_exact_deviation() -> Non
             y = x if x in _ref_topk_delta_set(plaus.tolist(), 3, 0.6) else int(plaus.argmax())
             assert torch.all(_first(res, x) == y)
             tv = 0.5 * (_one_hot(torch.tensor(y), V) - p).abs().sum()
-            assert torch.allclose(res.deviation[:, 0], torch.full((50,), float(tv), dtype=torch.float64), atol=1e-6)
+            expected = torch.full((50,), float(tv), dtype=torch.float64)
+            assert torch.allclose(res.deviation[:, 0], expected, atol=1e-6)
 
 
 def test_topk_delta_sampled_smooth_mixes_with_the_exact_law() -> None:
@@ -226,7 +234,27 @@ def test_threshold_weight_gives_sglang_acceptance_and_exact_tv(single: float, ac
         acc_prob = m + w * (1 - m)
         resid = (p - q).clamp_min(0)
         law = q * acc_prob + (1 - (q * acc_prob).sum()) * resid / resid.sum()
-        assert 0.5 * float((law - p).abs().sum()) == pytest.approx(float((w * (q - p).clamp_min(0)).sum()), abs=1e-12)
+        excess = float((w * (q - p).clamp_min(0)).sum())
+        assert 0.5 * float((law - p).abs().sum()) == pytest.approx(excess, abs=1e-12)
+
+
+@pytest.mark.parametrize("single, acc", [(0.3, 1.0), (1.0, 0.5), (0.4, 0.2)])
+def test_threshold_decisions_are_sglang_coin_test_on_a_grid(single: float, acc: float) -> None:
+    """Every draft token × a grid of uniforms: accept iff u < a(x), SGLang's condition."""
+    gen = torch.Generator().manual_seed(16)
+    rule = LossyRuleConfig("threshold", threshold_single=single, threshold_acc=acc)
+    grid = torch.linspace(0.0, 0.999, 200, dtype=torch.float64)
+    for p in _dist(gen, 5, sharp=1.5):
+        n = V * grid.numel()
+        tokens = torch.arange(V).repeat_interleave(grid.numel()).unsqueeze(-1)  # [n, 1]
+        u = grid.repeat(V).unsqueeze(-1)
+        target = p.float().view(1, 1, V).expand(n, 2, V)
+        res = verify_lossy(rule, target, target[:, :1], tokens, None, u, torch.zeros(n, dtype=torch.float64))
+        p32 = p.float()
+        a = torch.tensor([_ref_sglang_accept_prob(float(p32[int(x)]), single, acc) for x in tokens[:, 0]],
+                         dtype=torch.float64)
+        clear = (u[:, 0] - a).abs() > 1e-6  # boundary ties are measure-zero conventions
+        assert torch.equal((res.num_accepted > 0)[clear], (u[:, 0] < a)[clear])
 
 
 def test_threshold_sampler_matches_the_closed_form() -> None:
@@ -255,7 +283,7 @@ def test_thresholds_at_one_are_sd_bit_for_bit() -> None:
     b, k = 64, 4
     p = _dist(gen, b * (k + 1)).view(b, k + 1, V).float()
     tokens = torch.randint(0, V, (b, k), generator=gen)
-    u, s = torch.rand(b, k, generator=gen, dtype=torch.float64), torch.rand(b, generator=gen, dtype=torch.float64)
+    u, s = _uniforms(gen, b, k)
     res = verify_lossy(LossyRuleConfig("threshold"), p, p[:, :k], tokens, None, u, s)
     ref = verify(RuleConfig(kind="exact"), p, p[:, :k], tokens, None, u, s)
     assert torch.equal(res.num_accepted, ref.num_accepted) and torch.equal(res.next_token, ref.next_token)
@@ -329,7 +357,7 @@ def test_fly_infinite_threshold_is_sd_bit_for_bit() -> None:
     p = _dist(gen, b * (k + 1), sharp=0.5).view(b, k + 1, V).float()
     q = _dist(gen, b * k, sharp=0.5).view(b, k, V).float()
     tokens = torch.multinomial(q.view(-1, V), 1, generator=gen).view(b, k)
-    u, s = torch.rand(b, k, generator=gen, dtype=torch.float64), torch.rand(b, generator=gen, dtype=torch.float64)
+    u, s = _uniforms(gen, b, k)
     rule = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=math.inf)
     res = verify_lossy(rule, p, p[:, :k], tokens, q, u, s)
     ref = verify(RuleConfig(kind="exact"), p, p[:, :k], tokens, q, u, s)
@@ -369,7 +397,8 @@ def _fly_block_law(rule, p_mat, q_mat, k):
             w = w_draft * math.prod(m[t] if bits[t] else 1 - m[t] for t in range(k))
             if w == 0:
                 continue
-            u = torch.tensor([[m[t] / 2 if bits[t] else (1 + m[t]) / 2 for t in range(k)]], dtype=torch.float64)
+            inside = [m[t] / 2 if bits[t] else (1 + m[t]) / 2 for t in range(k)]  # u in the bit's interval
+            u = torch.tensor([inside], dtype=torch.float64)
             plaus = p_rows[:k].unsqueeze(0)  # sampled verification: p̂ = p
             res = verify_lossy(rule, p_rows.unsqueeze(0), plaus, torch.tensor([drafts]),
                                q_rows.unsqueeze(0), u, torch.zeros(1, dtype=torch.float64))
@@ -416,7 +445,8 @@ def test_fly_sequence_tv_is_bounded_by_expected_d(threshold: float) -> None:
 def test_fly_refuses_smooth_but_the_set_rules_take_it() -> None:
     with pytest.raises(NSDError, match="fly: --smooth"):
         LossyRuleConfig("fly", smooth=True)
-    assert LossyRuleConfig("threshold", smooth=True).smooth and LossyRuleConfig("topk_delta", smooth=True).smooth
+    assert LossyRuleConfig("threshold", smooth=True).smooth
+    assert LossyRuleConfig("topk_delta", smooth=True).smooth
 
 
 # --------------------------------------------------------------------------- budgets
@@ -484,6 +514,7 @@ def test_lossy_config_checks_knobs_with_the_option_words() -> None:
         LossyRuleConfig("threshold", threshold_acc=0.0)
     with pytest.raises(NSDError, match="unknown lossy rule"):
         LossyRuleConfig("nucleus")
-    assert not LossyRuleConfig("threshold").relaxes and LossyRuleConfig("threshold", threshold_acc=0.9).relaxes
+    assert not LossyRuleConfig("threshold").relaxes
+    assert LossyRuleConfig("threshold", threshold_acc=0.9).relaxes
     assert not LossyRuleConfig("fly", fly_entropy_threshold=math.inf).relaxes
     assert not LossyRuleConfig("topk_delta", budget=0.0).relaxes

@@ -210,7 +210,8 @@ def verify_lossy(
         return verify_block(target_probs, draft_tokens, None, w, excess, weights,
                             accept_uniforms, sample_uniforms, spent)
     if greedy:  # TensorRT-LLM: nsd's greedy rule with S, p̂ the temperature-1 softmax
-        in_set = topk_delta_mask(plaus_probs, rule.relaxed_topk, rule.relaxed_delta).gather(-1, tok).squeeze(-1)
+        mask = topk_delta_mask(plaus_probs, rule.relaxed_topk, rule.relaxed_delta)
+        in_set = mask.gather(-1, tok).squeeze(-1)
         excess = torch.where(in_set, (1.0 - p_x).clamp_min(0.0), torch.zeros_like(p_x))
         weights = relaxation_weights(rule, excess, spent, greedy)
         return verify_block(target_probs, draft_tokens, None, in_set, excess, weights,
