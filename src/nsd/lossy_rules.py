@@ -136,7 +136,7 @@ def topk_delta_mask(relaxed_probs: torch.Tensor, topk: int, delta: float) -> tor
     probs = relaxed_probs if relaxed_probs.dtype in (torch.float32, torch.float64) else relaxed_probs.float()
     top = torch.topk(probs, min(topk, probs.shape[-1]), dim=-1).values  # [..., K] descending
     kth, best = top[..., -1:], top[..., :1]
-    return (probs >= kth) & ((probs >= best - delta) | (probs >= best)) & (probs > 0)
+    return (probs >= kth) & (probs >= best - delta) & (probs > 0)  # δ ≥ 0 keeps the top-1
 
 
 def threshold_weights(target_probs: torch.Tensor, single: float, acc: float) -> torch.Tensor:
@@ -223,8 +223,10 @@ def verify_lossy(
                                  accept_uniforms, sample_uniforms, spent, mix_uniforms)
 
 
-def _verify_max_replacing(rule, target_probs, relaxed_probs, draft_tokens, p_x,
-                          accept_uniforms, sample_uniforms, spent, mix_uniforms) -> VerifyResult:
+def _verify_max_replacing(rule: LossyRuleConfig, target_probs: torch.Tensor, relaxed_probs: torch.Tensor,
+                          draft_tokens: torch.Tensor, p_x: torch.Tensor, accept_uniforms: torch.Tensor,
+                          sample_uniforms: torch.Tensor, spent: torch.Tensor,
+                          mix_uniforms: torch.Tensor | None) -> VerifyResult:
     """Modular MAX's relaxed verdict at temperature > 0, mixed with the exact one by ``λ``.
 
     Relaxed branch: accept iff ``x ∈ S``; at a miss emit ``argmax p̂``. Exact branch
@@ -311,8 +313,10 @@ def fly_deferrals(
     return gate & passes & (lam > 0), cost
 
 
-def _verify_fly(rule, target_probs, plaus_probs, draft_tokens, draft_probs,
-                accept_uniforms, sample_uniforms, spent, greedy) -> VerifyResult:
+def _verify_fly(rule: LossyRuleConfig, target_probs: torch.Tensor, plaus_probs: torch.Tensor,
+                draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, spent: torch.Tensor,
+                greedy: bool) -> VerifyResult:
     opened, cost = fly_deferrals(rule, target_probs, plaus_probs, draft_tokens, draft_probs,
                                  accept_uniforms, spent, greedy)
     # An open position accepts whatever its uniform (a = 1); verify_block charges
