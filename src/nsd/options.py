@@ -269,9 +269,39 @@ SERVING = _opts(
                 "(0: in one step)"),
 )
 
+# Knobs of the lossy verification rules other engines ship (nsd.lossy_rules), each with the
+# default of the engine that ships it. Not yet in DECODING: the front ends (CLI, server,
+# vLLM section, GenerationConfig) take them when the methods are wired in.
+LOSSY_METHODS = ("topk_delta", "threshold", "fly")
+LOSSY_RULE_KNOBS = _opts(
+    # Modular MAX's SpeculativeConfig defaults (TensorRT-LLM's own are 1 and 0: off).
+    Option("relaxed_topk", 10, int, low=1, methods=("topk_delta",),
+           help="top-K/δ acceptance (TensorRT-LLM MTP, Modular MAX): also accept a draft token "
+                "among the target's K most likely (MAX's default 10)"),
+    Option("relaxed_delta", 0.6, float, low=0.0, high=1.0, methods=("topk_delta",),
+           help="top-K/δ acceptance: a top-K token is accepted only if its probability is at "
+                "least the top token's minus δ (MAX's default 0.6)"),
+    # SGLang's server defaults: 1 and 1 leave its rule exact.
+    Option("threshold_single", 1.0, float, low=0.0, high=1.0, methods=("threshold",),
+           help="SGLang's speculative_accept_threshold_single: accept a draft token whose target "
+                "probability is at least this (1 = off)"),
+    Option("threshold_acc", 1.0, float, low=0.0, high=1.0, low_open=True, methods=("threshold",),
+           help="SGLang's speculative_accept_threshold_acc: raise a draft token's acceptance "
+                "probability from p to min(1, p / this) (1 = off)"),
+    # vLLM's FLy defaults (fly_window_size: min(6, k - 1) there; here a block shorter than
+    # the window plus one simply defers nothing).
+    Option("fly_window_size", 6, int, low=1, high=63, methods=("fly",),
+           help="FLy: defer a rejection only when the next W draft tokens pass the exact test"),
+    Option("fly_entropy_threshold", 0.3, float, low=0.0, methods=("fly",),
+           help="FLy: defer only where the entropy of the target's top tokens is at least this "
+                "(inf = never: exactly SD)"),
+    Option("fly_entropy_top_k", 3, int, low=1, methods=("fly",),
+           help="FLy: how many of the target's most likely tokens the entropy gate reads"),
+)
+
 # The options every front end takes (the server's own, SERVING, only `nsd serve` does).
 ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
-_KNOWN: dict[str, Option] = {**ALL, **SERVING}
+_KNOWN: dict[str, Option] = {**ALL, **SERVING, **LOSSY_RULE_KNOBS}
 # The decoding options that pick and shape the verification rule (the rest of DECODING is
 # sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
 RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
