@@ -17,7 +17,6 @@ import torch
 
 from nsd.errors import NSDError
 from nsd.lossy_rules import (
-    LossyRuleConfig,
     fly_deferrals,
     fly_entropy,
     relaxed_weights,
@@ -105,7 +104,7 @@ def test_topk_delta_greedy_is_tensorrt_llm_law_exactly() -> None:
     """Every draft token, every row: accept iff in S, else emit the top-1; E = 1 for a
     relaxed (non-argmax) accept and 0 otherwise."""
     gen = torch.Generator().manual_seed(1)
-    rule = LossyRuleConfig("topk_delta", relaxed_topk=4, relaxed_delta=0.3)
+    rule = RuleConfig("topk_delta", relaxed_topk=4, relaxed_delta=0.3)
     plaus = _dist(gen, 20, sharp=1.0)
     for x in range(V):
         draft = torch.full((20,), x)
@@ -132,7 +131,7 @@ def test_topk_delta_k1_at_greedy_is_sd_bit_for_bit() -> None:
                          torch.randint(0, V, (b, k), generator=gen))
     u, s = _uniforms(gen, b, k)
     for delta in (0.0, 0.6):  # K = 1: S is the argmax alone, whatever δ
-        res = verify_lossy(LossyRuleConfig("topk_delta", relaxed_topk=1, relaxed_delta=delta),
+        res = verify_lossy(RuleConfig("topk_delta", relaxed_topk=1, relaxed_delta=delta),
                            target, plaus, tokens, None, u, s, greedy=True)
         ref = verify(RuleConfig(kind="exact"), target, plaus, tokens, None, u, s, greedy=True)
         assert torch.equal(res.num_accepted, ref.num_accepted) and torch.equal(res.next_token, ref.next_token)
@@ -157,7 +156,7 @@ def _first(res, x: int) -> torch.Tensor:
 def test_topk_delta_sampled_is_modular_max_verdict_with_exact_deviation() -> None:
     """λ = 1: a point mass on x (in S) or on the top-1 (not), E = 1 − p(y) = its TV."""
     gen = torch.Generator().manual_seed(3)
-    rule = LossyRuleConfig("topk_delta", relaxed_topk=3, relaxed_delta=0.6)
+    rule = RuleConfig("topk_delta", relaxed_topk=3, relaxed_delta=0.6)
     for _ in range(10):
         plaus = _dist(gen, 1, sharp=1.0)[0]
         p = torch.softmax(torch.log(plaus) / 0.7, -1)  # a tempered target, same argmax
@@ -177,7 +176,7 @@ def test_topk_delta_sampled_smooth_mixes_with_the_exact_law() -> None:
     p = plaus.clone()
     x = int(torch.argsort(plaus, descending=True)[1])  # second best: in S at K = 3, δ = 0.6
     e = 1.0 - float(p[x])
-    rule = LossyRuleConfig("topk_delta", relaxed_topk=3, relaxed_delta=0.6, budget=0.4 * e, smooth=True)
+    rule = RuleConfig("topk_delta", relaxed_topk=3, relaxed_delta=0.6, budget=0.4 * e, smooth=True)
     n = 200_000
     res = _max_block(gen, n, p, plaus, x, rule)
     lam = 0.4
@@ -194,7 +193,7 @@ def test_topk_delta_budget_zero_sampled_is_exact() -> None:
     plaus = _dist(gen, 1)[0]
     x = int(torch.argsort(plaus, descending=True)[1])
     n = 200_000
-    res = _max_block(gen, n, plaus, plaus, x, LossyRuleConfig("topk_delta", budget=0.0), mix=False)
+    res = _max_block(gen, n, plaus, plaus, x, RuleConfig("topk_delta", budget=0.0), mix=False)
     freq = torch.bincount(_first(res, x), minlength=V).double() / n
     se = torch.sqrt(plaus * (1 - plaus) / n).clamp_min(1e-9)
     assert torch.all((freq - plaus).abs() <= 5 * se + 1e-9)
@@ -204,7 +203,7 @@ def test_topk_delta_budget_zero_sampled_is_exact() -> None:
 def test_topk_delta_refuses_sampled_drafts() -> None:
     p = torch.full((1, 2, V), 1.0 / V)
     with pytest.raises(NSDError, match="topk_delta"):
-        verify_lossy(LossyRuleConfig("topk_delta"), p, p[:, :1], torch.zeros(1, 1, dtype=torch.long),
+        verify_lossy(RuleConfig("topk_delta"), p, p[:, :1], torch.zeros(1, 1, dtype=torch.long),
                      p[:, :1], torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
                      greedy=True)
 
@@ -242,7 +241,7 @@ def test_threshold_weight_gives_sglang_acceptance_and_exact_tv(single: float, ac
 def test_threshold_decisions_are_sglang_coin_test_on_a_grid(single: float, acc: float) -> None:
     """Every draft token × a grid of uniforms: accept iff u < a(x), SGLang's condition."""
     gen = torch.Generator().manual_seed(16)
-    rule = LossyRuleConfig("threshold", threshold_single=single, threshold_acc=acc)
+    rule = RuleConfig("threshold", threshold_single=single, threshold_acc=acc)
     grid = torch.linspace(0.0, 0.999, 200, dtype=torch.float64)
     for p in _dist(gen, 5, sharp=1.5):
         n = V * grid.numel()
@@ -261,7 +260,7 @@ def test_threshold_sampler_matches_the_closed_form() -> None:
     gen = torch.Generator().manual_seed(7)
     p = _dist(gen, 1)[0]
     x = int(torch.argsort(p, descending=True)[2])
-    rule = LossyRuleConfig("threshold", threshold_single=0.9, threshold_acc=0.5)
+    rule = RuleConfig("threshold", threshold_single=0.9, threshold_acc=0.5)
     n = 200_000
     target = p.float().view(1, 1, V).expand(n, 2, V)
     res = verify_lossy(rule, target, target[:, :1], torch.full((n, 1), x), None,
@@ -284,7 +283,7 @@ def test_thresholds_at_one_are_sd_bit_for_bit() -> None:
     p = _dist(gen, b * (k + 1)).view(b, k + 1, V).float()
     tokens = torch.randint(0, V, (b, k), generator=gen)
     u, s = _uniforms(gen, b, k)
-    res = verify_lossy(LossyRuleConfig("threshold"), p, p[:, :k], tokens, None, u, s)
+    res = verify_lossy(RuleConfig("threshold"), p, p[:, :k], tokens, None, u, s)
     ref = verify(RuleConfig(kind="exact"), p, p[:, :k], tokens, None, u, s)
     assert torch.equal(res.num_accepted, ref.num_accepted) and torch.equal(res.next_token, ref.next_token)
     assert float(res.spent.max()) == 0.0
@@ -294,13 +293,13 @@ def test_threshold_refuses_greedy_and_sampled_drafts() -> None:
     p = torch.full((1, 2, V), 1.0 / V)
     args = (torch.zeros(1, 1, dtype=torch.long),)
     z = (torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
-    rule = LossyRuleConfig("threshold", threshold_acc=0.5)
+    rule = RuleConfig("threshold", threshold_acc=0.5)
     with pytest.raises(NSDError, match="threshold: .*temperature > 0"):
         verify_lossy(rule, p, p[:, :1], *args, None, *z, greedy=True)
     with pytest.raises(NSDError, match="threshold: .*argmax"):
         verify_lossy(rule, p, p[:, :1], *args, p[:, :1], *z)
     with pytest.raises(NSDError, match="not a set-based rule"):
-        relaxed_weights(LossyRuleConfig("fly"), p)
+        relaxed_weights(RuleConfig("fly"), p)
 
 
 # --------------------------------------------------------------------------- FLy
@@ -329,7 +328,7 @@ def test_fly_decisions_match_vllm_prepass(greedy: bool, window: int) -> None:
         q = _dist(gen, b * k, sharp=0.8).view(b, k, V)
         tokens = torch.multinomial(q.view(-1, V), 1, generator=gen).view(b, k)
     u = torch.rand(b, k, generator=gen, dtype=torch.float64)
-    rule = LossyRuleConfig("fly", fly_window_size=window, fly_entropy_threshold=0.8)
+    rule = RuleConfig("fly", fly_window_size=window, fly_entropy_threshold=0.8)
     res = verify_lossy(rule, target.float(), plaus.float(), tokens, None if q is None else q.float(), u,
                        torch.rand(b, generator=gen, dtype=torch.float64), greedy=greedy)
     ent = fly_entropy(plaus.float(), 3)
@@ -358,12 +357,12 @@ def test_fly_infinite_threshold_is_sd_bit_for_bit() -> None:
     q = _dist(gen, b * k, sharp=0.5).view(b, k, V).float()
     tokens = torch.multinomial(q.view(-1, V), 1, generator=gen).view(b, k)
     u, s = _uniforms(gen, b, k)
-    rule = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=math.inf)
+    rule = RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=math.inf)
     res = verify_lossy(rule, p, p[:, :k], tokens, q, u, s)
     ref = verify(RuleConfig(kind="exact"), p, p[:, :k], tokens, q, u, s)
     assert torch.equal(res.num_accepted, ref.num_accepted) and torch.equal(res.next_token, ref.next_token)
     assert float(res.spent.max()) == 0.0
-    on = verify_lossy(LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.0),
+    on = verify_lossy(RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.0),
                       p, p[:, :k], tokens, q, u, s)
     assert bool((on.num_accepted > ref.num_accepted).any())  # and at 0 it defers
 
@@ -431,11 +430,11 @@ def test_fly_sequence_tv_is_bounded_by_expected_d(threshold: float) -> None:
     v3, k = 3, 3
     p_mat = _dist(gen, v3, v=v3, sharp=0.7)
     q_mat = _dist(gen, v3, v=v3, sharp=0.7)
-    off = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=math.inf)
+    off = RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=math.inf)
     law, target, d = _fly_block_law(off, p_mat, q_mat, k)
     assert float(law.sum()) == pytest.approx(1.0, abs=1e-12)
     assert 0.5 * float((law - target).abs().sum()) < 1e-12 and d == 0.0
-    on = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=threshold)
+    on = RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=threshold)
     law, target, d = _fly_block_law(on, p_mat, q_mat, k)
     tv = 0.5 * float((law - target).abs().sum())
     assert tv > 1e-3  # FLy moved the law: the bound is tested, not vacuous
@@ -444,9 +443,9 @@ def test_fly_sequence_tv_is_bounded_by_expected_d(threshold: float) -> None:
 
 def test_fly_refuses_smooth_but_the_set_rules_take_it() -> None:
     with pytest.raises(NSDError, match="fly: --smooth"):
-        LossyRuleConfig("fly", smooth=True)
-    assert LossyRuleConfig("threshold", smooth=True).smooth
-    assert LossyRuleConfig("topk_delta", smooth=True).smooth
+        RuleConfig("fly", smooth=True)
+    assert RuleConfig("threshold", smooth=True).smooth
+    assert RuleConfig("topk_delta", smooth=True).smooth
 
 
 # --------------------------------------------------------------------------- budgets
@@ -462,7 +461,7 @@ def test_budget_never_exceeded_on_any_path(kind: str, greedy: bool, smooth: bool
     b, k, budget = 256, 5, 1.3
     knobs = {"topk_delta": {}, "threshold": {"threshold_single": 0.3, "threshold_acc": 0.4},
              "fly": {"fly_window_size": 1, "fly_entropy_threshold": 0.0}}[kind]
-    rule = LossyRuleConfig(kind, budget=budget, smooth=smooth, **knobs)
+    rule = RuleConfig(kind, budget=budget, smooth=smooth, **knobs)
     spent = torch.zeros(b, dtype=torch.float64)
     for _ in range(12):
         plaus = _dist(gen, b * k, sharp=1.0).view(b, k, V)
@@ -495,26 +494,26 @@ def test_fly_budget_gates_on_cost_without_the_window() -> None:
     plaus = torch.stack([flat, sure, flat, flat]).unsqueeze(0)  # [1, 4, V]
     target = torch.cat([plaus, plaus[:, :1]], 1)
     tokens = torch.zeros(b, k, dtype=torch.long)
-    rule = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5, budget=1.0 - 1.0 / V)
+    rule = RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5, budget=1.0 - 1.0 / V)
     outs = []
     for u1 in (0.01, 0.995):  # position 1 natively accepts / rejects
         u = torch.tensor([[0.99, u1, 0.99, 0.01]], dtype=torch.float64)
         opened, _ = fly_deferrals(rule, target, plaus, tokens, None, u, torch.zeros(b, dtype=torch.float64))
         outs.append(bool(opened[0, 2]))
     assert outs == [False, False]
-    free = LossyRuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5)
+    free = RuleConfig("fly", fly_window_size=1, fly_entropy_threshold=0.5)
     opened, _ = fly_deferrals(free, target, plaus, tokens, None, u, torch.zeros(b, dtype=torch.float64))
     assert bool(opened[0, 2])  # without a budget it would open: the budget is what closed it
 
 
 def test_lossy_config_checks_knobs_with_the_option_words() -> None:
     with pytest.raises(NSDError, match="relaxed_topk must be a whole number >= 1"):
-        LossyRuleConfig("topk_delta", relaxed_topk=0)
+        RuleConfig("topk_delta", relaxed_topk=0)
     with pytest.raises(NSDError, match="threshold_acc must be"):
-        LossyRuleConfig("threshold", threshold_acc=0.0)
-    with pytest.raises(NSDError, match="unknown lossy rule"):
-        LossyRuleConfig("nucleus")
-    assert not LossyRuleConfig("threshold").relaxes
-    assert LossyRuleConfig("threshold", threshold_acc=0.9).relaxes
-    assert not LossyRuleConfig("fly", fly_entropy_threshold=math.inf).relaxes
-    assert not LossyRuleConfig("topk_delta", budget=0.0).relaxes
+        RuleConfig("threshold", threshold_acc=0.0)
+    with pytest.raises(NSDError, match="unknown verification rule 'mtp'.*topk_delta, threshold, fly"):
+        RuleConfig("mtp")
+    assert not RuleConfig("threshold").relaxes
+    assert RuleConfig("threshold", threshold_acc=0.9).relaxes
+    assert not RuleConfig("fly", fly_entropy_threshold=math.inf).relaxes
+    assert not RuleConfig("topk_delta", budget=0.0).relaxes

@@ -33,6 +33,13 @@ class GenerationConfig:
     smooth: bool = optspec.default("smooth")
     typical_epsilon: float = optspec.default("typical_epsilon")  # Medusa's posterior_threshold
     typical_delta: float = optspec.default("typical_delta")  # Medusa's posterior_alpha
+    relaxed_topk: int = optspec.default("relaxed_topk")  # topk_delta (TensorRT-LLM, MAX)
+    relaxed_delta: float = optspec.default("relaxed_delta")
+    threshold_single: float = optspec.default("threshold_single")  # threshold (SGLang)
+    threshold_acc: float = optspec.default("threshold_acc")
+    fly_window_size: int = optspec.default("fly_window_size")  # fly (vLLM's FLy)
+    fly_entropy_threshold: float = optspec.default("fly_entropy_threshold")
+    fly_entropy_top_k: int = optspec.default("fly_entropy_top_k")
     k: int | str = optspec.default("k")  # drafts per block, or "auto": the cost model picks (0..k_max)
     k_max: int = optspec.default("k_max")
     adaptive_k: bool = optspec.default("adaptive_k")
@@ -74,11 +81,15 @@ class GenerationConfig:
         # --adaptive-k keeps its own heuristic, starting from 4 when k is left to auto.
         return self.k == "auto" and not self.adaptive_k
 
+    def rule_knobs(self) -> dict[str, Any]:
+        """The rule options that act on this generation's method (``theta`` for nsd, the
+        ``fly_*`` knobs for fly, ...): the others change nothing, so the rule never sees
+        them (and a --smooth meant for other methods of a comparison does not refuse fly)."""
+        return {name: getattr(self, name) for name in optspec.RULE
+                if name != "method" and optspec.DECODING[name].acts_on([self.method])}
+
     def rule(self) -> RuleConfig:
-        return RuleConfig.for_method(self.method, theta=self.theta, budget=self.budget,
-                                     cap=self.cap, smooth=self.smooth,
-                                     typical_epsilon=self.typical_epsilon,
-                                     typical_delta=self.typical_delta)
+        return RuleConfig.for_method(self.method, **self.rule_knobs())
 
     def decode_config(self) -> DecodeConfig:
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
@@ -136,10 +147,12 @@ def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
     label of its metrics), ``budget: 0`` and ``effective_method: sd``.
     """
     out: dict[str, Any] = {"method": config.method, "effective_method": effective}
-    if config.method == "nsd":
-        out["theta"] = config.theta
-    if config.method in ("nsd", "typical"):
+    for name, value in config.rule_knobs().items():
+        if name in ("smooth", "typical_epsilon", "typical_delta", "fly_window_size", "fly_entropy_top_k"):
+            continue  # the report names the knobs a run is swept and budgeted by
         # JSON has no infinity: an unlimited budget or cap is null.
-        out["budget"] = None if math.isinf(config.budget) else config.budget
-        out["cap"] = None if math.isinf(config.cap) else config.cap
+        out[name] = None if isinstance(value, float) and math.isinf(value) else value
+    if config.method in optspec.DEVIATION_BOUND_METHODS:
+        # FLy's D is a derived bound on the deviation, not its exact value (nsd.lossy_rules).
+        out["deviation_is"] = "bound"
     return out

@@ -76,52 +76,14 @@ Everything is vectorised over the batch and vocabulary; Python loops run over k 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-from nsd import options
 from nsd.errors import NSDError
 from nsd.sampling import sample_from
-from nsd.verify import VerifyResult, charge, relaxation_weights, verify_block
+from nsd.verify import RuleConfig, VerifyResult, charge, relaxation_weights, verify_block
 
-LOSSY_KINDS = options.LOSSY_METHODS  # the method names are the rule names
-
-
-@dataclass(frozen=True)
-class LossyRuleConfig:
-    """One of the rules above and its knobs; ``budget``/``cap``/``smooth`` as for NSD."""
-
-    kind: str
-    relaxed_topk: int = options.default("relaxed_topk")
-    relaxed_delta: float = options.default("relaxed_delta")
-    threshold_single: float = options.default("threshold_single")
-    threshold_acc: float = options.default("threshold_acc")
-    fly_window_size: int = options.default("fly_window_size")
-    fly_entropy_threshold: float = options.default("fly_entropy_threshold")
-    fly_entropy_top_k: int = options.default("fly_entropy_top_k")
-    budget: float = options.default("budget")
-    cap: float = options.default("cap")
-    smooth: bool = options.default("smooth")
-
-    def __post_init__(self) -> None:
-        if self.kind not in LOSSY_KINDS:
-            raise NSDError(f"unknown lossy rule {self.kind!r}; use {', '.join(LOSSY_KINDS)}")
-        options.check_fields(self, {**options.LOSSY_RULE_KNOBS, **options.DECODING})
-        if self.kind == "fly" and self.smooth:
-            raise NSDError("fly: --smooth does not apply (a deferral is all or nothing)")
-
-    @property
-    def relaxes(self) -> bool:
-        """Whether the rule can ever depart from exact speculative sampling."""
-        if self.budget == 0 or self.cap == 0:
-            return False
-        if self.kind == "threshold":
-            return self.threshold_single < 1 or self.threshold_acc < 1
-        if self.kind == "fly":
-            return not math.isinf(self.fly_entropy_threshold)
-        return True  # topk_delta: even K = 1 replaces the sampled verdict by greedy (MAX)
+# The rules' knobs live on :class:`nsd.verify.RuleConfig` (kinds ``topk_delta``,
+# ``threshold``, ``fly``), defined once in :mod:`nsd.options`.
 
 
 # --------------------------------------------------------------------------- relaxed sets
@@ -151,7 +113,7 @@ def threshold_weights(target_probs: torch.Tensor, single: float, acc: float) -> 
     return torch.where(full, torch.ones_like(p), partial.clamp(0.0, 1.0))
 
 
-def relaxed_weights(rule: LossyRuleConfig, probs: torch.Tensor) -> torch.Tensor:
+def relaxed_weights(rule: RuleConfig, probs: torch.Tensor) -> torch.Tensor:
     """The set-based rules' relaxation weight per token ``[..., V]`` float64 (0/1 for a set).
 
     ``probs``: the untempered softmax for ``topk_delta``, ``p`` for ``threshold``. Their
@@ -162,6 +124,47 @@ def relaxed_weights(rule: LossyRuleConfig, probs: torch.Tensor) -> torch.Tensor:
     if rule.kind == "threshold":
         return threshold_weights(probs, rule.threshold_single, rule.threshold_acc)
     raise NSDError(f"{rule.kind}: not a set-based rule (its deviation is not a set formula)")
+
+
+def set_stats(
+    rule: RuleConfig,
+    plaus_probs: torch.Tensor,  # [..., V] p̂ (p unless greedy)
+    target_probs: torch.Tensor,  # [..., V] p at the draft positions
+    draft_tokens: torch.Tensor,  # [...] int64
+    draft_probs: torch.Tensor | None,  # [..., V] q, or None: one-hot drafts
+    greedy: torch.Tensor,  # [...] bool: the position's row is decoded at temperature 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-position rules as NSD's algebra with a weight: ``(w(x) [...] float64, E [...]
+    float64)``, ``E = Σ_y w(y)(q(y) − p(y))₊`` (``w(x)(1 − p(x))`` for a one-hot q).
+
+    ``topk_delta`` relaxes greedy rows only (TensorRT-LLM's rule, ``w`` the set ``S`` on p̂);
+    at temperature > 0 Modular MAX's verdict replaces the residual draw, which is not this
+    form (:func:`verify_lossy` runs it). ``threshold`` relaxes sampled rows only (SGLang's
+    greedy verification is argmax matching). A row the rule does not relax gets ``w = 0``:
+    the exact rule. Used by :func:`verify_lossy` and by the ragged (vLLM) verifier.
+    """
+    if rule.kind == "fly":
+        raise NSDError("fly: not a per-position rule (a deferral reads the window's later "
+                       "positions), so it has no per-position weight")
+    tok = draft_tokens.unsqueeze(-1)
+    if rule.kind == "threshold":
+        acts = ~greedy
+        probs = target_probs
+    else:
+        acts = greedy
+        probs = plaus_probs
+    if draft_probs is None:
+        p_x = target_probs.gather(-1, tok).squeeze(-1).double()
+        ranked_x = probs.gather(-1, tok).squeeze(-1)
+        w = relaxed_weights(rule, ranked_x.unsqueeze(-1)).squeeze(-1) if rule.kind == "threshold" \
+            else relaxed_weights(rule, probs).gather(-1, tok).squeeze(-1)
+        excess = w * (1.0 - p_x).clamp_min(0.0)
+    else:
+        dense = relaxed_weights(rule, probs)  # [..., V]
+        w = dense.gather(-1, tok).squeeze(-1)
+        excess = (dense * (draft_probs.double() - target_probs.double()).clamp_min(0.0)).sum(dim=-1)
+    zero = torch.zeros_like(excess)
+    return torch.where(acts, w, zero), torch.where(acts, excess, zero)
 
 
 def fly_entropy(plaus_probs: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -176,7 +179,7 @@ def fly_entropy(plaus_probs: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def verify_lossy(
-    rule: LossyRuleConfig,
+    rule: RuleConfig,
     target_probs: torch.Tensor,  # [B, k+1, V] p
     plaus_probs: torch.Tensor,  # [B, k, V] p̂ (p unless greedy)
     draft_tokens: torch.Tensor,  # [B, k] int64
@@ -198,24 +201,17 @@ def verify_lossy(
     if draft_probs is not None:
         raise NSDError(f"{rule.kind}: defined for argmax (deterministic) drafts only; "
                        "this draft was sampled")
+    if rule.kind == "threshold" and greedy:
+        raise NSDError("threshold: SGLang's thresholds act at temperature > 0 only "
+                       "(its greedy verification is plain argmax matching)")
+    if rule.kind == "threshold" or greedy:  # SGLang; TensorRT-LLM (NSD's greedy rule with S)
+        weight, excess = set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, None,
+                                   torch.full_like(draft_tokens, greedy, dtype=torch.bool))
+        weights = relaxation_weights(rule, excess, spent, greedy)
+        return verify_block(target_probs, draft_tokens, None, weight, excess, weights,
+                            accept_uniforms, sample_uniforms, spent)
     tok = draft_tokens.unsqueeze(-1)
     p_x = target_probs[:, :k].gather(-1, tok).squeeze(-1).double()  # [B, k]
-    if rule.kind == "threshold":
-        if greedy:
-            raise NSDError("threshold: SGLang's thresholds act at temperature > 0 only "
-                           "(its greedy verification is plain argmax matching)")
-        w = threshold_weights(p_x, rule.threshold_single, rule.threshold_acc)  # per drawn token
-        excess = w * (1.0 - p_x).clamp_min(0.0)  # Σ_y w(y)(q − p)₊ for a one-hot q
-        weights = relaxation_weights(rule, excess, spent, greedy)
-        return verify_block(target_probs, draft_tokens, None, w, excess, weights,
-                            accept_uniforms, sample_uniforms, spent)
-    if greedy:  # TensorRT-LLM: nsd's greedy rule with S, p̂ the temperature-1 softmax
-        mask = topk_delta_mask(plaus_probs, rule.relaxed_topk, rule.relaxed_delta)
-        in_set = mask.gather(-1, tok).squeeze(-1)
-        excess = torch.where(in_set, (1.0 - p_x).clamp_min(0.0), torch.zeros_like(p_x))
-        weights = relaxation_weights(rule, excess, spent, greedy)
-        return verify_block(target_probs, draft_tokens, None, in_set, excess, weights,
-                            accept_uniforms, sample_uniforms, spent)
     if relaxed_probs is None:
         raise ValueError("topk_delta at temperature > 0 needs relaxed_probs, the untempered "
                          "target softmax (Modular MAX's candidate set)")
@@ -223,7 +219,7 @@ def verify_lossy(
                                  accept_uniforms, sample_uniforms, spent, mix_uniforms)
 
 
-def _verify_max_replacing(rule: LossyRuleConfig, target_probs: torch.Tensor, relaxed_probs: torch.Tensor,
+def _verify_max_replacing(rule: RuleConfig, target_probs: torch.Tensor, relaxed_probs: torch.Tensor,
                           draft_tokens: torch.Tensor, p_x: torch.Tensor, accept_uniforms: torch.Tensor,
                           sample_uniforms: torch.Tensor, spent: torch.Tensor,
                           mix_uniforms: torch.Tensor | None) -> VerifyResult:
@@ -275,7 +271,7 @@ def _verify_max_replacing(rule: LossyRuleConfig, target_probs: torch.Tensor, rel
 
 
 def fly_deferrals(
-    rule: LossyRuleConfig,
+    rule: RuleConfig,
     target_probs: torch.Tensor,  # [B, k+1, V]
     plaus_probs: torch.Tensor,  # [B, k, V]
     draft_tokens: torch.Tensor,  # [B, k]
@@ -313,7 +309,7 @@ def fly_deferrals(
     return gate & passes & (lam > 0), cost
 
 
-def _verify_fly(rule: LossyRuleConfig, target_probs: torch.Tensor, plaus_probs: torch.Tensor,
+def _verify_fly(rule: RuleConfig, target_probs: torch.Tensor, plaus_probs: torch.Tensor,
                 draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                 accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, spent: torch.Tensor,
                 greedy: bool) -> VerifyResult:
