@@ -44,8 +44,7 @@ def _expected_excess(rule: RuleConfig, args: tuple, kw: dict) -> torch.Tensor:
         top = ranked.argmax(dim=-1, keepdim=True)
         p_top = target_probs[:, :k].gather(-1, top).squeeze(-1).double()
         return torch.where(in_set, 1.0 - p_x, 1.0 - p_top)
-    opened, cost = fly_deferrals(rule, target_probs, plaus, tokens, draft_probs, accept_u, spent,
-                                 kw["greedy"])
+    opened, cost = fly_deferrals(rule, target_probs, plaus, tokens, draft_probs, accept_u, spent)
     return torch.where(opened, cost, torch.zeros_like(cost))
 
 
@@ -80,6 +79,14 @@ def _run_recorded(monkeypatch, rule: RuleConfig, sampling: SamplingConfig, propo
 
 def _draft(sampling: SamplingConfig, argmax: bool) -> DraftModelProposer:
     return DraftModelProposer(MockLM(vocab_size=24, seed=32, sharpness=1.2), sampling, 24, argmax=argmax)
+
+
+def test_smooth_does_not_soften_flys_hard_budget(monkeypatch) -> None:
+    # --smooth does not act on fly (the front ends say so); the budget stays all or nothing.
+    knobs = dict(fly_window_size=1, fly_entropy_threshold=0.5, budget=1.3)
+    runs = [_run_recorded(monkeypatch, RuleConfig("fly", smooth=smooth, **knobs), SAMPLE,
+                          _draft(SAMPLE, False), seed=1) for smooth in (False, True)]
+    assert runs[0][0].deviation == runs[1][0].deviation <= 1.3
 
 
 CASES = [
@@ -134,8 +141,6 @@ def test_refusals_name_the_rule() -> None:
     target = MockLM(vocab_size=24, seed=31)
     with pytest.raises(NSDError, match="^threshold: .*temperature > 0"):
         DecodeConfig(rule=RuleConfig("threshold", threshold_acc=0.5), sampling=GREEDY)
-    with pytest.raises(NSDError, match="^fly: --smooth"):
-        RuleConfig("fly", smooth=True)
     # A sampled draft (the proposer not in argmax mode) is refused by topk_delta/threshold.
     config = DecodeConfig(rule=RuleConfig("topk_delta"), sampling=SAMPLE, k=3, max_new_tokens=8)
     with pytest.raises(NSDError, match="^topk_delta: defined for argmax"):

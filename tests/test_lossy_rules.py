@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from nsd import options as optspec
 from nsd.errors import NSDError
 from nsd.lossy_rules import (
     fly_deferrals,
@@ -441,9 +442,11 @@ def test_fly_sequence_tv_is_bounded_by_expected_d(threshold: float) -> None:
     assert tv <= d + 1e-12
 
 
-def test_fly_refuses_smooth_but_the_set_rules_take_it() -> None:
-    with pytest.raises(NSDError, match="fly: --smooth"):
-        RuleConfig("fly", smooth=True)
+def test_smooth_acts_on_the_set_rules_not_on_fly() -> None:
+    # A deferral is all or nothing: --smooth does not act on fly (the one acts-on check in
+    # nsd.options makes the front ends refuse or note it), and its budget stays hard.
+    assert not optspec.ALL["smooth"].acts_on(["fly"])
+    assert optspec.ALL["smooth"].acts_on(["threshold"]) and optspec.ALL["smooth"].acts_on(["topk_delta"])
     assert RuleConfig("threshold", smooth=True).smooth
     assert RuleConfig("topk_delta", smooth=True).smooth
 
@@ -455,8 +458,7 @@ def test_fly_refuses_smooth_but_the_set_rules_take_it() -> None:
                                           ("threshold", False), ("fly", False), ("fly", True)])
 @pytest.mark.parametrize("smooth", [False, True])
 def test_budget_never_exceeded_on_any_path(kind: str, greedy: bool, smooth: bool) -> None:
-    if kind == "fly" and smooth:
-        pytest.skip("fly refuses smooth (tested above)")
+    # fly with smooth: the flag does not act on fly, and D <= B must hold regardless.
     gen = torch.Generator().manual_seed(14)
     b, k, budget = 256, 5, 1.3
     knobs = {"topk_delta": {}, "threshold": {"threshold_single": 0.3, "threshold_acc": 0.4},

@@ -96,34 +96,49 @@ def generation_config(args: argparse.Namespace, **overrides: Any):
     from nsd.api import GenerationConfig
     from nsd.errors import NSDError
 
-    check_flags(args, [*optspec.DECODING, *optspec.DRAFT_LENGTH])
     if "" in (getattr(args, "stop", None) or []):
         raise NSDError("--stop takes a non-empty string: an empty one would stop nothing")
     k, k_max = getattr(args, "k", "auto"), getattr(args, "k_max", None)
     if getattr(args, "adaptive_k", False) and k != "auto" and k_max is not None and k_max < k:
         # The library says "k_max (4) must be >= k (10)"; here the flags are named.
         raise NSDError(f"--k-max ({k_max}) must be >= -k ({k}) with --adaptive-k")
-    return GenerationConfig.from_mapping(vars(args), **overrides)
+    try:
+        return GenerationConfig.from_mapping(vars(args), **overrides)
+    except NSDError as err:  # checked once, by the library; here the flag is named as typed
+        raise NSDError(_flag_named(str(err))) from None
+
+
+def _flag_named(message: str) -> str:
+    """A range error of :mod:`nsd.options` ("top_p must be ...") naming the flag instead
+    ("--top-p must be ...")."""
+    name, sep, rest = message.partition(" must be ")
+    option = optspec.ALL.get(name)
+    if not sep or option is None:
+        return message
+    return "/".join(filter(None, (option.short, option.flag))) + sep + rest
 
 
 def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "--method") -> None:
     """Say so where a flag set away from its default acts on none of the methods that will
     run (``--theta`` with ``--method sd``): it would change nothing. A note, not an error:
     the same flags are often passed to every method in turn."""
+    given = {}
     for name in (*optspec.DECODING, *optspec.DRAFT_LENGTH):
-        option, value = optspec.ALL[name], getattr(args, name, None)
-        if option.acts_on(methods) or value is None or value == option.default:
+        value = getattr(args, name, None)
+        if value is not None and value != optspec.ALL[name].default:
+            given[name] = value
+    for name, why in optspec.inert_options(given, methods, getattr(args, "k", "auto"),
+                                           getattr(args, "adaptive_k", False)):
+        option, value = optspec.ALL[name], given[name]
+        if why == "fixed_k":
+            print(f"nsd: --k-max {value} does nothing with a fixed -k {args.k} (it bounds -k auto "
+                  "and --adaptive-k)", file=sys.stderr)
             continue
-        given = "/".join(filter(None, (option.short, option.flag)))
+        named = "/".join(filter(None, (option.short, option.flag)))
         if option.type is not bool:  # a switch is named alone: "--smooth", not "--smooth True"
-            given = f"{given} {value}"
-        print(f"nsd: {given} does nothing with {flag} {','.join(methods)} (it acts on "
+            named = f"{named} {value}"
+        print(f"nsd: {named} does nothing with {flag} {','.join(methods)} (it acts on "
               f"{', '.join(option.methods)})", file=sys.stderr)
-    k_max = getattr(args, "k_max", None)
-    if (k_max not in (None, optspec.default("k_max")) and optspec.ALL["k_max"].acts_on(methods)
-            and not optspec.k_max_acts(getattr(args, "k", "auto"), getattr(args, "adaptive_k", False))):
-        print(f"nsd: --k-max {k_max} does nothing with a fixed -k {args.k} (it bounds -k auto "
-              "and --adaptive-k)", file=sys.stderr)
 
 
 def backend_options(args: argparse.Namespace):

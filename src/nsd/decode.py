@@ -52,14 +52,13 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs < 0:
             raise NSDError(f"logprobs must be >= 0, got {self.logprobs}")
-        if self.k < 1:
-            raise NSDError(f"draft length k must be >= 1, got {self.k}")
-        if self.max_new_tokens < 1:
-            raise NSDError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if not isinstance(self.k, int) or isinstance(self.k, bool):  # "auto" is auto_k=True here
+            raise NSDError(f"the loop's draft length k is a number (auto_k chooses it), got {self.k!r}")
+        # Each option's range is defined and checked once, in nsd.options; here the checks
+        # that combine options.
+        optspec.check_fields(self, {**optspec.DRAFT_LENGTH, **optspec.DECODING})
         if self.adaptive_k and self.k_max < self.k:
             raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
-        if self.k_max < 1:
-            raise NSDError(f"k_max must be >= 1, got {self.k_max}")
         if self.adaptive_k and self.auto_k:
             raise NSDError("choose either adaptive k or auto k, not both")
         if self.speculative and self.rule.kind == "threshold" and self.sampling.greedy:

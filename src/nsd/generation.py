@@ -8,8 +8,9 @@ is the text, the token ids and the statistics.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from nsd import options as optspec
@@ -59,14 +60,24 @@ class GenerationConfig:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        optspec.check_fields(self, optspec.DECODING)
-        optspec.check_fields(self, optspec.DRAFT_LENGTH)
+        # Each option is checked once, by the config it builds: the rule's knobs (theta,
+        # budget, ...) by the RuleConfig, sampling by the SamplingConfig, the draft length,
+        # seed and length (and the checks that combine them) by the DecodeConfig, built
+        # once and kept for decode_config(). Only a k that is not a number (auto) is here.
+        if not isinstance(self.k, int) or isinstance(self.k, bool):
+            object.__setattr__(self, "k", optspec.check("k", self.k))
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             raise NSDError(f"stop must be a sequence of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in items))
-        self.decode_config()  # the combined checks (k_max >= k with adaptive k, ...)
+        decode = _loop_config(self)
+        rule, knobs = decode.rule, [name for name in optspec.RULE if name != "method"]
+        checked = {**{name: getattr(rule, name) for name in knobs},
+                   **{f.name: getattr(decode.sampling, f.name) for f in fields(decode.sampling)},
+                   "k_max": decode.k_max, "max_new_tokens": decode.max_new_tokens, "seed": decode.seed}
+        for name, value in checked.items():  # as checked: 1 -> 1.0 where a float is wanted
+            object.__setattr__(self, name, value)  # equal, and hashes alike: still cached
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> GenerationConfig:
@@ -81,25 +92,31 @@ class GenerationConfig:
         # --adaptive-k keeps its own heuristic, starting from 4 when k is left to auto.
         return self.k == "auto" and not self.adaptive_k
 
-    def rule_knobs(self) -> dict[str, Any]:
-        """The rule options that act on this generation's method (``theta`` for nsd, the
-        ``fly_*`` knobs for fly, ...): the others change nothing, so the rule never sees
-        them (and a --smooth meant for other methods of a comparison does not refuse fly)."""
-        return {name: getattr(self, name) for name in optspec.RULE
-                if name != "method" and optspec.DECODING[name].acts_on([self.method])}
-
     def rule(self) -> RuleConfig:
-        return RuleConfig.for_method(self.method, **self.rule_knobs())
+        return self.decode_config().rule
 
     def decode_config(self) -> DecodeConfig:
+        """The loop's configuration of this generation (built and checked on construction)."""
+        return _loop_config(self)
+
+    def _build_decode_config(self) -> DecodeConfig:
+        rule = RuleConfig.for_method(self.method, **{name: getattr(self, name) for name in
+                                                     optspec.RULE if name != "method"})
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
                                   self.presence_penalty, self.frequency_penalty,
                                   tuple(self.logit_bias))
         k = 4 if self.k == "auto" else self.k
-        return DecodeConfig(speculative=self.method != "ar", rule=self.rule(), sampling=sampling,
+        return DecodeConfig(speculative=self.method != "ar", rule=rule, sampling=sampling,
                             k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
                             max_new_tokens=self.max_new_tokens, seed=self.seed,
                             logprobs=self.logprobs)
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_config(config: GenerationConfig) -> DecodeConfig:
+    """The :class:`DecodeConfig` of a generation, built (and so checked) once per distinct
+    configuration: frozen configs that compare equal get the same one."""
+    return config._build_decode_config()
 
 
 @dataclass(frozen=True)
@@ -147,11 +164,13 @@ def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
     label of its metrics), ``budget: 0`` and ``effective_method: sd``.
     """
     out: dict[str, Any] = {"method": config.method, "effective_method": effective}
-    for name, value in config.rule_knobs().items():
-        if name in ("smooth", "typical_epsilon", "typical_delta", "fly_window_size", "fly_entropy_top_k"):
-            continue  # the report names the knobs a run is swept and budgeted by
-        # JSON has no infinity: an unlimited budget or cap is null.
-        out[name] = None if isinstance(value, float) and math.isinf(value) else value
+    # Those that act on the method asked for: θ, budget and cap, and the swept knobs of
+    # the engines' rules (nsd.options.SWEEP_KNOBS).
+    for name in ("theta", "budget", "cap", *optspec.LOSSY_SWEEP_KNOBS):
+        if optspec.ALL[name].acts_on([config.method]):
+            value = getattr(config, name)
+            # JSON has no infinity: an unlimited budget or cap is null.
+            out[name] = None if isinstance(value, float) and math.isinf(value) else value
     if config.method in optspec.DEVIATION_BOUND_METHODS:
         # FLy's D is a derived bound on the deviation, not its exact value (nsd.lossy_rules).
         out["deviation_is"] = "bound"

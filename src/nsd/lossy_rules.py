@@ -69,7 +69,8 @@ Each rule below is the engine's own, read from its source (cited; no code copied
     so ``TV(FLy's sequence law, the target's) ≤ P(any deferral) ≤ E[D]``. At temperature 0
     ``c_t`` is 1 exactly at each deferral (as nsd's greedy ``E``). A budget gates openings
     on ``c_t`` *without* the window (which reads later uniforms and would bias the bound),
-    so ``D ≤ B`` on every path; ``--smooth`` has no meaning here and is refused.
+    so ``D ≤ B`` on every path; ``--smooth`` has no meaning here: it does not act on fly
+    (the front ends refuse or note it, as any knob of another method) and the budget stays hard.
 
 Everything is vectorised over the batch and vocabulary; Python loops run over k only.
 """
@@ -197,7 +198,7 @@ def verify_lossy(
         spent = torch.zeros(batch, dtype=torch.float64, device=draft_tokens.device)
     if rule.kind == "fly":
         return _verify_fly(rule, target_probs, plaus_probs, draft_tokens, draft_probs,
-                           accept_uniforms, sample_uniforms, spent, greedy)
+                           accept_uniforms, sample_uniforms, spent)
     if draft_probs is not None:
         raise NSDError(f"{rule.kind}: defined for argmax (deterministic) drafts only; "
                        "this draft was sampled")
@@ -278,7 +279,6 @@ def fly_deferrals(
     draft_probs: torch.Tensor | None,  # [B, k, V] or None
     accept_uniforms: torch.Tensor,  # [B, k] float64
     spent: torch.Tensor,  # [B] float64
-    greedy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Where FLy may turn a rejection into an accept, and the bound's charge there.
 
@@ -305,16 +305,19 @@ def fly_deferrals(
     end = (positions + window).clamp(max=k - 1)
     passes = (rejections[:, end + 1] - rejections[:, positions + 1]) == 0
     # The budget sees gated costs only (no window: that reads later uniforms, see module doc).
-    lam = relaxation_weights(rule, torch.where(gate, cost, torch.zeros_like(cost)), spent, greedy)
+    # A deferral is all or nothing, so every row takes the hard budget (greedy=True): --smooth
+    # does not act on fly (nsd.options), and a partial λ here would open a position whose
+    # charge the remainder cannot cover.
+    lam = relaxation_weights(rule, torch.where(gate, cost, torch.zeros_like(cost)), spent, True)
     return gate & passes & (lam > 0), cost
 
 
 def _verify_fly(rule: RuleConfig, target_probs: torch.Tensor, plaus_probs: torch.Tensor,
                 draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
-                accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, spent: torch.Tensor,
-                greedy: bool) -> VerifyResult:
+                accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor,
+                spent: torch.Tensor) -> VerifyResult:
     opened, cost = fly_deferrals(rule, target_probs, plaus_probs, draft_tokens, draft_probs,
-                                 accept_uniforms, spent, greedy)
+                                 accept_uniforms, spent)
     # An open position accepts whatever its uniform (a = 1); verify_block charges
     # λ·E = 1·cost at the emitted open positions, which is the bound's D.
     weights = opened.double()

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from nsd import options
 from nsd.errors import NSDError
 
 
@@ -39,17 +40,7 @@ class SamplingConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise NSDError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise NSDError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise NSDError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not (0 <= self.min_p < 1):
-            raise NSDError(f"min-p must be in [0, 1), got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise NSDError(f"{name} must be a finite number, got {getattr(self, name)}")
+        options.check_fields(self, options.DECODING)  # ranges are defined once, there
         bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
         if any(t < 0 or not math.isfinite(b) for t, b in bias) or len({t for t, _ in bias}) < len(bias):
             raise NSDError("logit_bias must map distinct token ids >= 0 to finite numbers")

@@ -83,8 +83,6 @@ class RuleConfig:
         if self.kind not in RULE_KINDS:
             raise NSDError(f"unknown verification rule {self.kind!r}; use {', '.join(RULE_KINDS)}")
         options.check_fields(self, options.DECODING)  # ranges are defined once, there
-        if self.kind == "fly" and self.smooth:
-            raise NSDError("fly: --smooth does not apply (a deferral is all or nothing)")
 
     @classmethod
     def for_method(cls, method: str, **knobs: float | bool) -> RuleConfig:

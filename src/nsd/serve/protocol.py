@@ -460,14 +460,13 @@ def _check_applies(given: dict[str, Any], config: GenerationConfig) -> None:
     the request's (``theta`` with method ``sd``), or ``k_max`` with a fixed k, would change
     nothing: refused, not ignored."""
     method = config.method
-    for name, value in given.items():
-        option = optspec.ALL[name]
-        if not option.acts_on([method]):
-            raise NSDError(f"{name} {value!r} does nothing with method {method} (it acts on "
-                           f"{', '.join(option.methods)}); leave it out or choose one of those methods")
-    if "k_max" in given and not optspec.k_max_acts(config.k, config.adaptive_k):
-        raise NSDError(f"k_max {given['k_max']!r} does nothing with a fixed k ({config.k}): it "
-                       "bounds k auto and adaptive_k; leave it out or set k to auto")
+    for name, why in optspec.inert_options(given, [method], config.k, config.adaptive_k)[:1]:
+        if why == "fixed_k":
+            raise NSDError(f"k_max {given['k_max']!r} does nothing with a fixed k ({config.k}): it "
+                           "bounds k auto and adaptive_k; leave it out or set k to auto")
+        raise NSDError(f"{name} {given[name]!r} does nothing with method {method} (it acts on "
+                       f"{', '.join(optspec.ALL[name].methods)}); leave it out or choose one of "
+                       "those methods")
 
 
 # ----------------------------------------------------------------------------- responses

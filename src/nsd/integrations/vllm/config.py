@@ -38,8 +38,8 @@ ENV_VAR = "NSD_VLLM_CONFIG"
 SUPPORTED_VLLM = ((0, 32, 0), (0, 34, 0))  # [min, max)
 SUPPORTED_TEXT = ">=0.32.0,<0.34"
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER=0"  # what selects the V1 model runner
-_RULE_KEYS = optspec.RULE  # FLy's knobs are known keys; the method itself is refused, by name
-_KEYS = {*_RULE_KEYS, "report", "log_requests"}
+# FLy's knobs are known keys too: the method itself is refused, by name.
+_KEYS = {*optspec.RULE, "report", "log_requests"}
 # Earlier spellings -> the option they name (and, for ``rule``, its values -> methods).
 _LEGACY = {"rule": "method", "epsilon": "typical_epsilon", "delta": "typical_delta"}
 _LEGACY_RULES = {"nucleus": "nsd", "exact": "sd", "nsd": "nsd", "sd": "sd", "typical": "typical"}
@@ -112,7 +112,9 @@ def build_config(section: Mapping[str, Any]) -> NSDVllmConfig:
                        "host FLy (a deferral needs the whole block's native decisions); use "
                        "vLLM's own rejection_sample_method 'fly' without the 'nsd' section")
     knobs = {}
-    for key in _RULE_KEYS[1:]:
+    for key in optspec.RULE:
+        if key == "method":
+            continue
         if section.get(key) is not None:
             try:
                 knobs[key] = optspec.check(key, section[key])
