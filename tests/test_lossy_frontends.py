@@ -41,7 +41,6 @@ def test_generate_parses_every_rules_knobs_into_its_config() -> None:
     config = GenerationConfig.from_mapping(vars(args))
     rule = config.rule()
     assert (rule.kind, rule.relaxed_topk, rule.relaxed_delta) == ("topk_delta", 10, 0.6)
-    assert rule.theta == 0.0  # θ acts on nsd only, so the rule never sees it
     args = build_parser().parse_args(["generate", "--target", "t", "--prompt", "x", "--method", "fly",
                                       "--fly-entropy-threshold", "0.5", "--fly-window-size", "2"])
     rule = GenerationConfig.from_mapping(vars(args)).rule()
