@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from nsd.api import Engine, GenerationConfig
+from nsd.api import GenerationConfig, load_engine
 from nsd.bench.datasets import DatasetConfig, load_prompts
 from nsd.bench.store import write_json_atomic
 from nsd.machine import cpu_description
@@ -38,7 +38,7 @@ MODES = ("ar", "alone", "joint")
 def run_level(slots: list, batcher, planner, prompts: list[list[int]], mode: str,
               max_tokens: int, temperature: float, theta: float) -> dict:
     for slot in slots:
-        slot._joint = planner if mode == "joint" else None
+        slot._shared.joint = planner if mode == "joint" else None
     before = list(planner.cycles) if planner is not None else [0, 0]
     rounds, seconds = batcher.rounds, batcher.stats.seconds
     method = "ar" if mode == "ar" else "nsd"
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows here (atomically)")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
-    engine = Engine(args.target, args.draft, proposer=args.proposer,
-                    options=BackendOptions(n_ctx=args.n_ctx, backend=args.backend))
+    engine = load_engine(args.target, args.draft, proposer=args.proposer,
+                         options=BackendOptions(n_ctx=args.n_ctx, backend=args.backend))
     slots, batcher = engine.batched(max(levels))
-    planner = slots[0]._joint
+    planner = slots[0]._shared.joint
     if planner is None:
         print("no joint plan for this engine (a draft model and -k auto are needed)", file=sys.stderr)
         return 1

@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nsd.api import BackendOptions, Engine, GenerationConfig, LoadedModel
+import dataclasses
+
+from nsd.api import BackendOptions, Engine, GenerationConfig, LoadedModel, load_engine
 from nsd.models.draft_vocab import ensure_reduced_draft, open_reduced_draft
 
 PROMPTS = [
@@ -130,9 +132,8 @@ def agreement(drafts: dict[str, dict], texts: list[list[int]]) -> dict[str, dict
 
 
 def use_draft(engine: Engine, d: dict) -> None:
-    engine.draft_model = d["loaded"]
+    engine.draft_model = d["loaded"]  # its vocab_map says how to read the draft's logits
     engine.draft = d["backend"]
-    engine.draft_vocab_map = d["vocab_map"]
 
 
 def main() -> None:
@@ -161,7 +162,8 @@ def main() -> None:
     options = BackendOptions(threads=args.threads, weights=args.weights, draft_weights=args.draft_weights)
     # The engine's own draft is the full one (draft_vocab 0: since --draft-vocab auto became
     # the default it would otherwise be a reduced one already); the reduced ones are built here.
-    engine = Engine(args.target, draft=args.draft, proposer="draft", options=options, draft_vocab=0)
+    engine = load_engine(args.target, draft=args.draft, proposer="draft",
+                         options=dataclasses.replace(options, draft_vocab=0))
     drafts = load_drafts(engine, args, options)
     engine.target_model.step_costs(GenerationConfig().k_max + 1)
     prompts = PROMPTS[:args.prompts]

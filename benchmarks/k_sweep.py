@@ -15,7 +15,9 @@ import statistics
 import tempfile
 
 from nsd.aggregate import speedup
-from nsd.api import BackendOptions, Engine, GenerationConfig
+import dataclasses
+
+from nsd.api import BackendOptions, GenerationConfig, load_engine
 from nsd.bench.datasets import DatasetConfig, load_prompts
 
 
@@ -39,11 +41,12 @@ def main() -> None:
     options = BackendOptions(threads=args.threads)
     # The baseline drafts with the full vocabulary (draft_vocab 0): --draft-vocab auto, the
     # default, would already reduce the built-in pair's draft.
-    engines = {"": Engine(args.target, draft=args.draft, proposer="draft", options=options,
-                          draft_vocab=0)}
+    engines = {"": load_engine(args.target, draft=args.draft, proposer="draft",
+                               options=dataclasses.replace(options, draft_vocab=0))}
     if args.draft_vocab:
-        engines[f"-v{args.draft_vocab}"] = Engine(args.target, draft=args.draft, proposer="draft", options=options,
-                                                  draft_vocab=args.draft_vocab)
+        engines[f"-v{args.draft_vocab}"] = load_engine(
+            args.target, draft=args.draft, proposer="draft",
+            options=dataclasses.replace(options, draft_vocab=args.draft_vocab))
     prompts = load_prompts(DatasetConfig(names=(args.dataset,), limit=args.prompts))
     ks = [int(k) for k in args.ks.split(",")]
     proposers = args.proposers.split(",")

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from nsd.api import Engine, GenerationConfig
+from nsd.api import GenerationConfig, load_engine
 from nsd.bench.datasets import DatasetConfig, load_prompts
 from nsd.bench.store import write_json_atomic
 from nsd.machine import cpu_description
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows here (atomically)")
     args = p.parse_args(argv)
     chunks = [int(x) for x in args.chunks.split(",")]
-    engine = Engine(args.target, options=BackendOptions(n_ctx=args.n_ctx))
+    engine = load_engine(args.target, options=BackendOptions(n_ctx=args.n_ctx))
     slots, batcher = engine.batched(5)
     shorts = [engine.encode(q.text, chat=True)
               for q in load_prompts(DatasetConfig(names=("humaneval",), limit=4))]

@@ -89,14 +89,14 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from nsd.api import BackendOptions, Engine, GenerationConfig
+    from nsd.api import BackendOptions, GenerationConfig, load_engine
     from nsd.bench.store import write_json_atomic
     from nsd.machine import cpu_description
     from nsd.serve import ServerConfig
 
     options = BackendOptions(threads=args.threads) if args.threads else BackendOptions()
     t0 = time.perf_counter()
-    engine = Engine(args.target, draft=args.draft, proposer=args.proposer, options=options)
+    engine = load_engine(args.target, draft=args.draft, proposer=args.proposer, options=options)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     k = args.k if args.k == "auto" else int(args.k)
     config = ServerConfig(model_name="m", defaults=GenerationConfig(method="nsd", k=k))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from nsd.api import BackendOptions, Engine, GenerationConfig
+from nsd.api import BackendOptions, Engine, GenerationConfig, load_engine
 from nsd.machine import cpu_description
 from nsd.sampling import SamplingConfig, logits_to_probs
 
@@ -172,8 +172,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     k = max(4, args.tokens)
-    engine = Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct", proposer="draft",
-                    options=BackendOptions(threads=args.threads, weights="original"))
+    engine = load_engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct",
+                         proposer="draft", options=BackendOptions(threads=args.threads, weights="original"))
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
     # One token more than compared: the engine drafts at most remaining - 1 tokens, so with
     # n + 1 to go every one of the first n positions is a drafted (verified) one, as the

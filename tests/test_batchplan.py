@@ -188,7 +188,7 @@ def _flat_cost_engine() -> Engine:
     # nsd's own work per pass, fixed rather than measured: measured on a loaded machine it
     # moved the plan's choice between a one-token block and a plain step near the end of
     # a request's budget, and with it where the requests' blocks part.
-    engine._host_costs = lambda config: HostCosts(plain=0.0005, fixed=0.001, per_row=0.0001,
+    engine._shared.host_costs = lambda config: HostCosts(plain=0.0005, fixed=0.001, per_row=0.0001,
                                                   draft_token=0.0001)
     return engine
 
@@ -203,7 +203,7 @@ def test_batched_auto_k_requests_draft_in_step(joint: bool) -> None:
     slots, batcher = engine.batched(3)
     if not joint:  # the control: each request choosing alone, by marginal costs
         for slot in slots:
-            slot._joint = None
+            slot._shared.joint = None
     configs = [GenerationConfig(method=m, k="auto", max_new_tokens=40, temperature=t, seed=s)
                for m, t, s in (("nsd", 0.8, 1), ("sd", 1.0, 2), ("nsd", 0.0, 3))]
     results: list = [None] * 3
@@ -235,8 +235,8 @@ def test_batched_auto_k_requests_draft_in_step(joint: bool) -> None:
     assert same >= shortest - 2 and len(set(plans[0][:same])) > 1, plans
     # So every verification of those passes carried all three requests.
     assert engine.target.batch_sizes[:same + 1] == [3] * (same + 1)
-    assert slots[0]._joint.cycles[1] >= same - 1
-    assert slots[0]._joint.active() == []  # every request left the plan when it ended
+    assert slots[0]._shared.joint.cycles[1] >= same - 1
+    assert slots[0]._shared.joint.active() == []  # every request left the plan when it ended
 
 
 def test_metrics_count_the_plans_cycles() -> None:

@@ -276,7 +276,7 @@ def test_transformers_flags_reach_only_the_model_on_transformers(monkeypatch) ->
 
     import nsd.engine as eng
     from mock import CharTokenizer, MockLM
-    from nsd.api import BackendOptions, Engine
+    from nsd.api import BackendOptions, load_engine
     from nsd.errors import NSDError
 
     seen: dict[str, tuple[str, str]] = {}
@@ -296,10 +296,10 @@ def test_transformers_flags_reach_only_the_model_on_transformers(monkeypatch) ->
     options = BackendOptions(dtype="float32", compile="torch")
     monkeypatch.setattr(eng, "backend_kind", lambda model, o: "hf" if model == "T" else "llama")
     with pytest.raises(Loaded):
-        Engine("T", draft="D", proposer="draft", options=options)
+        load_engine("T", draft="D", proposer="draft", options=options)
     assert seen == {"T": ("float32", "torch"), "D": ("auto", "none")}
     seen.clear()
     monkeypatch.setattr(eng, "backend_kind", lambda model, o: "llama")
     with pytest.raises(NSDError, match="--compile torch is for the transformers backend"):
-        Engine("T", draft="D", proposer="draft", options=options)
+        load_engine("T", draft="D", proposer="draft", options=options)
     assert seen == {}

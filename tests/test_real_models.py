@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from nsd.api import BackendOptions, Engine, GenerationConfig
+from nsd.api import BackendOptions, Engine, GenerationConfig, load_engine
 from nsd.models.loader import llama_available
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -35,14 +35,14 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def hf_engine() -> Engine:
-    return Engine(TARGET, draft=DRAFT, options=BackendOptions(backend="hf", dtype="float32"))
+    return load_engine(TARGET, draft=DRAFT, options=BackendOptions(backend="hf", dtype="float32"))
 
 
 @pytest.fixture(scope="module")
 def llama_engine() -> Engine:
     if not llama_available():
         pytest.skip("llama-cpp-python is not installed (run scripts/install.sh)")
-    return Engine(TARGET, draft=DRAFT, options=BackendOptions(backend="llama"))
+    return load_engine(TARGET, draft=DRAFT, options=BackendOptions(backend="llama"))
 
 
 def _run(engine: Engine, method: str, **kw):

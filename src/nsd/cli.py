@@ -41,11 +41,11 @@ def _float_arg(text: str) -> float:
 
 
 def make_engine(args: argparse.Namespace, needs_proposer: bool = True):
-    from nsd.api import Engine
+    from nsd.api import load_engine
 
     proposer = args.proposer if needs_proposer else optspec.default_proposer(bool(args.draft))
-    return Engine(args.target, draft=args.draft, proposer=proposer, options=backend_options(args),
-                  k_max=args.k_max)
+    return load_engine(args.target, draft=args.draft, proposer=proposer,
+                       options=backend_options(args), k_max=args.k_max)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

@@ -411,8 +411,8 @@ def decode(
     generator = torch.Generator().manual_seed(config.seed)
     eos, context = set(eos_token_ids), list(prompt_ids)
     reused = _prefill(target, context, reuse_cache)
-    tally = DecodeTally(config.speculative, len(context), reused, start,
-                        time.perf_counter() - start, torch.zeros(1, dtype=torch.float64))
+    spent = torch.zeros(1, dtype=torch.float64, device=generator.device)  # D so far
+    tally = DecodeTally(config.speculative, len(context), reused, start, time.perf_counter() - start, spent)
     policy = k_policy if k_policy is not None else config.default_policy()
     policy.begin(len(context))
     if proposer is not None:  # where the generated tokens start (penalties count only those)

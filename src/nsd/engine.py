@@ -6,14 +6,14 @@ generation asks for, runs :func:`nsd.decode.decode` and turns tokens into stream
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
-from typing import Any, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 import torch
 
-from nsd.backends.base import ModelBackend, context_limit
+from nsd.backends.base import ModelBackend, SupportsBatch, context_limit, device_of, eos_token_ids
 from nsd.backends.sequences import StepBatcher, sequence_views
 from nsd.batchplan import BatchCosts, JointPlanner
 from nsd.calibrate import BATCH_CONTEXT
@@ -24,7 +24,6 @@ from nsd.options import NEEDS_DRAFT, PROPOSERS, default_proposer
 from nsd.decode import TokenLogprob
 from nsd.host_costs import HostCosts, host_costs
 from nsd.generation import GenerationConfig, GenerationResult, TextChunk, TokenInfo
-from nsd.models.draft_vocab import VocabMap
 from nsd.models.loader import (BackendOptions, LoadedModel, backend_kind, check_transformers_flags,
                                load_backend, load_tokenizer)
 from nsd.models.registry import REGISTRY, resolve_model
@@ -44,6 +43,69 @@ CHAT_ROLES = ("system", "user", "assistant")
 _PICK_K = 4
 
 
+_HOST_LOCK = threading.Lock()  # engines and their slots share the memo of _host_costs
+
+
+@dataclass
+class _Shared:
+    """What the slots of :meth:`Engine.batched` share with the engine they came from."""
+
+    host_memo: dict = field(default_factory=dict)  # nsd's own work per pass, measured once
+    # A fixed value of that work instead of a measured one (tests pin it).
+    host_costs: Callable[[DecodeConfig], HostCosts] | None = None
+    # The largest k_max whose step costs were measured before the models were shared
+    # between slots; None: not a slot (measured on demand).
+    frozen_k_max: int | None = None
+    joint: JointPlanner | None = None  # a slot's: the batch's shared draft lengths
+
+
+def load_engine(target: str, draft: str | None = None, proposer: str | None = None,
+                options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
+                k_max: int = GenerationConfig.k_max) -> Engine:
+    """Load a target (and a draft) by registry name or path and make an :class:`Engine`.
+
+    ``options`` says how they run (``options.draft_vocab``: the draft's vocabulary). The
+    proposer defaults to prompt lookup without a draft, else the draft model (beside prompt
+    lookup where its acceptance is measured: see :func:`nsd.options.default_proposer`).
+    """
+    proposer = proposer or default_proposer(bool(draft), lookup_measured(target, draft))
+    if proposer not in PROPOSERS:
+        raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
+    if proposer in NEEDS_DRAFT and not draft:
+        raise NSDError(f"the {proposer} proposer needs a draft model (--draft NAME or path)")
+    if proposer in NEEDS_DRAFT:
+        resolve_model(draft)  # a damaged draft is reported before the target's slow load
+    elif options.draft_vocab != "auto":
+        why = f"the {proposer} proposer drafts without it" if draft else "no draft model is given"
+        raise NSDError(f"--draft-vocab sets the draft model's vocabulary, and {why}: it "
+                       "would change nothing")
+    # --compile and --dtype act on transformers only: refused before any load where no
+    # model of the pair runs there, and passed only to the one that does (a transformers
+    # target beside a llama.cpp draft takes them; the draft ignores them).
+    kinds = {m: backend_kind(m, options) for m in ([target, draft] if proposer in NEEDS_DRAFT else [target])}
+    check_transformers_flags(list(kinds.values()), options)
+    plain = dataclasses.replace(options, compile="none", dtype="auto")
+
+    def options_for(model: str) -> BackendOptions:
+        return options if kinds[model] == "hf" else plain
+
+    # The target's costs are measured up to k_max + 1 tokens at once (verification).
+    # With --weights auto its file is chosen for verifying too: a block of
+    # _PICK_K drafts at the acceptance prior -k auto starts from.
+    verify = (_PICK_K + 1, expected_tokens([AcceptanceTracker.prior] * _PICK_K, _PICK_K))
+    target_model = load_backend(target, options_for(target), calibrate_n=k_max + 1, verify=verify)
+    tokenizer = load_tokenizer(target_model.tokenizer_dir)
+    draft_model = None
+    if proposer in NEEDS_DRAFT:
+        draft_model = load_backend(draft, options_for(draft), options.draft_vocab,
+                                   weights=options.draft_weights or options.weights)
+        _check_same_tokenizer(tokenizer, load_tokenizer(draft_model.tokenizer_dir), target, draft)
+    # Registry names key the stored acceptance priors (a file given by path has none).
+    names = (target if target in REGISTRY else None, draft if draft in REGISTRY else None)
+    return Engine(target_model, tokenizer, draft_model, proposer=proposer, ngram=ngram,
+                  k_max=k_max, model_names=names)
+
+
 class Engine:
     """A target model, optionally a draft model, and their shared tokenizer.
 
@@ -54,67 +116,37 @@ class Engine:
     whole prompt, so that generations compared with each other pay the same.
     """
 
-    prefix_cache: PrefixCache | None = None
-    # The largest k_max whose step costs were measured before the models were shared
-    # between slots (:meth:`batched`); None: measured on demand.
-    _frozen_k_max: int | None = None
-    _host_lock = threading.Lock()  # slots share the memo of _host_costs
-    _joint: JointPlanner | None = None  # a slot's: the batch's shared draft lengths
-
-    def __init__(self, target: str, draft: str | None = None, proposer: str | None = None,
-                 options: BackendOptions = BackendOptions(), ngram: NgramConfig = NgramConfig(),
-                 draft_vocab: int | str | None = None, k_max: int = GenerationConfig.k_max) -> None:
-        proposer = proposer or default_proposer(bool(draft), lookup_measured(target, draft))
+    def __init__(self, target: LoadedModel, tokenizer: Any, draft: LoadedModel | None = None,
+                 proposer: str | None = None, ngram: NgramConfig = NgramConfig(),
+                 k_max: int = GenerationConfig.k_max, eos_token_ids: Sequence[int] | None = None,
+                 model_names: tuple[str | None, str | None] = (None, None),
+                 prefix_cache: PrefixCache | None = None, shared: _Shared | None = None) -> None:
+        """An engine over models already loaded (:func:`load_engine` loads them by name;
+        :meth:`from_backends` wraps bare backends). ``model_names``: the registry names that
+        key stored acceptance priors. ``shared``: what the slots of :meth:`batched` share
+        with the engine they were made from (its measured costs, the batch's plan)."""
+        proposer = proposer or default_proposer(draft is not None)
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
-        if proposer in NEEDS_DRAFT and not draft:
+        if proposer in NEEDS_DRAFT and draft is None:
             raise NSDError(f"the {proposer} proposer needs a draft model (--draft NAME or path)")
+        self.target_model, self.draft_model = target, draft
+        self.target = target.backend
+        self.draft: ModelBackend | None = draft.backend if draft is not None else None
+        if draft is not None and draft.vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
+            raise NSDError(f"the draft model has {self.draft.vocab_size} logits per token but the "
+                           f"target has {self.target.vocab_size}: they must share a vocabulary")
+        self.tokenizer = tokenizer
         self.proposer_kind = proposer
         self.ngram = ngram
         self.k_max = k_max
-        # Registry names key the stored acceptance priors (a file given by path has none).
-        self.model_names = (target if target in REGISTRY else None,
-                            draft if draft in REGISTRY else None)
-        if proposer in NEEDS_DRAFT:
-            resolve_model(draft)  # a damaged draft is reported before the target's slow load
-        elif (draft_vocab if draft_vocab is not None else options.draft_vocab) != "auto":
-            why = f"the {proposer} proposer drafts without it" if draft else "no draft model is given"
-            raise NSDError(f"--draft-vocab sets the draft model's vocabulary, and {why}: it "
-                           "would change nothing")
-        # --compile and --dtype act on transformers only: refused before any load where no
-        # model of the pair runs there, and passed only to the one that does (a transformers
-        # target beside a llama.cpp draft takes them; the draft ignores them).
-        kinds = {m: backend_kind(m, options)
-                 for m in ([target, draft] if proposer in NEEDS_DRAFT else [target])}
-        check_transformers_flags(list(kinds.values()), options)
-        plain = dataclasses.replace(options, compile="none", dtype="auto")
-
-        def options_for(model: str) -> BackendOptions:
-            return options if kinds[model] == "hf" else plain
-
-        # The target's costs are measured up to k_max + 1 tokens at once (verification).
-        # With --weights auto its file is chosen for verifying too: a block of
-        # _PICK_K drafts at the acceptance prior -k auto starts from.
-        verify = (_PICK_K + 1, expected_tokens([AcceptanceTracker.prior] * _PICK_K, _PICK_K))
-        self.target_model = load_backend(target, options_for(target), calibrate_n=k_max + 1,
-                                         verify=verify)
-        self.target = self.target_model.backend
-        self.tokenizer = load_tokenizer(self.target_model.tokenizer_dir)
-        self.draft_model: LoadedModel | None = None
-        self.draft: ModelBackend | None = None
-        self.draft_vocab_map: VocabMap | None = None
-        if proposer in NEEDS_DRAFT:
-            # draft_vocab overrides options.draft_vocab (N, 0 for the full vocabulary, auto).
-            vocab = options.draft_vocab if draft_vocab is None else draft_vocab
-            self.draft_model = load_backend(draft, options_for(draft), vocab,
-                                            weights=options.draft_weights or options.weights)
-            self.draft, self.draft_vocab_map = self.draft_model.backend, self.draft_model.vocab_map
-            _check_same_tokenizer(self.tokenizer, load_tokenizer(self.draft_model.tokenizer_dir),
-                                  target, draft)
-            if self.draft_vocab_map is None and self.draft.vocab_size != self.target.vocab_size:
-                raise NSDError(f"draft {draft} has {self.draft.vocab_size} logits per token but the "
-                               f"target {target} has {self.target.vocab_size}: they must share a vocabulary")
-        self.eos_token_ids = self._eos_ids()
+        self.model_names = model_names
+        # With a prefix cache (nsd serve gives it one) each generation reuses the longest
+        # prefix of its prompt the caches still hold; without one every generation
+        # prefills its whole prompt, so that generations compared with each other pay alike.
+        self.prefix_cache = prefix_cache
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else self._eos_ids()
+        self._shared = shared if shared is not None else _Shared()
 
     @classmethod
     def from_backends(cls, target: ModelBackend, tokenizer, draft: ModelBackend | None = None,
@@ -123,19 +155,9 @@ class Engine:
         """An engine over backends already loaded (any :class:`ModelBackend`, e.g. a test's
         mock LM) and a tokenizer with ``encode``/``decode``. Their step costs, if ``-k
         auto`` needs them, are measured in place and not cached."""
-        engine = cls.__new__(cls)
-        engine.proposer_kind = proposer or default_proposer(draft is not None)
-        engine.ngram = ngram
-        engine.k_max = GenerationConfig.k_max
-        engine.model_names = (None, None)  # no registry names: no stored acceptance priors
-        engine.target_model = LoadedModel(target, None, None)
-        engine.target = target
-        engine.tokenizer = tokenizer
-        engine.draft_model = LoadedModel(draft, None, None) if draft is not None else None
-        engine.draft = draft
-        engine.draft_vocab_map = None
-        engine.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else engine._eos_ids()
-        return engine
+        return cls(LoadedModel(target, None, None), tokenizer,
+                   LoadedModel(draft, None, None) if draft is not None else None,
+                   proposer=proposer, ngram=ngram, eos_token_ids=eos_token_ids)
 
     @classmethod
     def from_models(cls, target_model: Any, tokenizer: Any, draft_model: Any = None,
@@ -148,8 +170,6 @@ class Engine:
         :class:`ModelBackend` objects; ``tokenizer`` is the one tokenizer they share.
         """
         proposer = proposer or default_proposer(draft_model is not None)
-        if proposer not in PROPOSERS:
-            raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
         if proposer in NEEDS_DRAFT and draft_model is None:
             raise NSDError(f"the {proposer} proposer needs a draft model (draft_model=...)")
 
@@ -160,15 +180,11 @@ class Engine:
 
             return HFBackend.from_model(model, max_len=max_len, compile=compile)
 
-        target = wrap(target_model)
         draft = wrap(draft_model) if proposer in NEEDS_DRAFT else None
-        if draft is not None and draft.vocab_size != target.vocab_size:
-            raise NSDError(f"the draft model has {draft.vocab_size} logits per token but the target "
-                           f"has {target.vocab_size}: they must share a vocabulary")
-        return cls.from_backends(target, tokenizer, draft, proposer=proposer, ngram=ngram)
+        return cls.from_backends(wrap(target_model), tokenizer, draft, proposer=proposer, ngram=ngram)
 
     def _eos_ids(self) -> tuple[int, ...]:
-        ids = set(getattr(self.target, "eos_token_ids", ()))
+        ids = set(eos_token_ids(self.target))
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return tuple(sorted(ids))
@@ -207,7 +223,7 @@ class Engine:
                 raise NSDError(f"message {i} has no text content")
             if message.get("name") is not None and not isinstance(message["name"], str):
                 raise NSDError(f"message {i} has a name that is not a string")
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not self.tokenizer.chat_template:
             raise NSDError("this model's tokenizer has no chat template: use a plain prompt (no --chat)")
         clean = [{k: m[k] for k in ("role", "content", "name") if m.get(k) is not None}
                  for m in messages]
@@ -230,7 +246,7 @@ class Engine:
         if self.proposer_kind == "ngram":
             return NgramProposer(self.ngram)
         draft = DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
-                                   self.draft_vocab_map, reuse_cache=self.prefix_cache is not None,
+                                   self.draft_model.vocab_map, reuse_cache=self.prefix_cache is not None,
                                    argmax=config.rule.argmax_drafts)
         if self.proposer_kind == "hybrid":
             return HybridProposer(draft, NgramProposer(self.ngram))
@@ -240,14 +256,15 @@ class Engine:
         """Raise :class:`NSDError` where ``-k auto`` up to ``k_max`` cannot run on this
         engine: a slot of :meth:`batched` has only the step costs measured before the
         models were shared. A server calls this before queueing a request."""
-        if self._frozen_k_max is not None and k_max > self._frozen_k_max:
+        frozen = self._shared.frozen_k_max
+        if frozen is not None and k_max > frozen:
             # Measuring now would run the shared models outside the batch.
-            if not self._frozen_k_max:
+            if not frozen:
                 raise NSDError("-k auto is unavailable here: the step costs could not be "
                                "measured before the models were shared; give a fixed k")
             # k_max named first: the server names the field a message mentions first.
             raise NSDError(f"k_max {k_max} is more than -k auto can use here: this server "
-                           f"measured its step costs up to k_max {self._frozen_k_max}; ask for "
+                           f"measured its step costs up to k_max {frozen}; ask for "
                            "at most that")
 
     def k_policy(self, config: DecodeConfig) -> CostModelK | None:
@@ -276,7 +293,7 @@ class Engine:
         policy = CostModelK(costs, AcceptanceTracker(config.k_max, priors.draft),
                             config.k_max, seed=config.seed, lookup_tracker=lookup,
                             lookup_prior=priors.for_lookup if lookup is not None else None)
-        if hasattr(self.target, "batch_others"):  # a slot of batched(): price the shared forwards
+        if isinstance(self.target, SupportsBatch):  # a slot of batched(): price the shared forwards
             draft_table = self.draft_model.step_costs(config.k_max + 1) if drafts else ()
             priced: dict[tuple[int, int], StepCosts] = {}
 
@@ -289,9 +306,10 @@ class Engine:
                 return priced[key]
 
             policy.reprice = reprice
-            if self._joint is not None and drafts:
-                self._joint.set_host(host.pass_cost, host.draft_token)
-                policy.joint = self._joint
+            joint = self._shared.joint
+            if joint is not None and drafts:
+                joint.set_host(host.pass_cost, host.draft_token)
+                policy.joint = joint
         return policy
 
     def acceptance_priors(self, config: DecodeConfig) -> AcceptancePriors:
@@ -311,15 +329,16 @@ class Engine:
         stored beside the step costs for models loaded from files; measured once per engine
         otherwise, so repeated seeded calls choose alike. A target on an accelerator runs
         that work there, where these CPU timings do not apply: it is left unpriced."""
-        device = getattr(self.target, "device", None)
-        if device is not None and torch.device(device).type != "cpu":
+        if self._shared.host_costs is not None:  # fixed by the caller rather than measured
+            return self._shared.host_costs(config)
+        if device_of(self.target).type != "cpu":
             return HostCosts(0.0, 0.0, 0.0, 0.0)
-        draft_vocab = None
-        if self.draft_vocab_map is not None and self.draft is not None:
+        draft_vocab = None  # the reduced draft's vocabulary, where it has one
+        if self.draft_model is not None and self.draft_model.vocab_map is not None:
             draft_vocab = self.draft.vocab_size
         args = (self.target.vocab_size, config.sampling, config.rule, config.k_max + 1, draft_vocab)
-        memo = self.__dict__.setdefault("_host_memo", {})
-        with self._host_lock:
+        memo = self._shared.host_memo
+        with _HOST_LOCK:
             if args not in memo:  # frozen configs: hashable, and equal exactly when they match
                 memo[args] = host_costs(*args, persist=self.target_model.file is not None)
         return memo[args]
@@ -343,7 +362,6 @@ class Engine:
                 self.draft_model.step_costs(self.k_max + 1)
         except NSDError:  # e.g. a context too short to time: no -k auto in the slots
             frozen = 0
-        self.__dict__.setdefault("_host_memo", {})  # one memo, shared by the copies
         batcher = StepBatcher()
         backends = [self.target] + ([self.draft] if self.draft is not None else [])
         all_views = sequence_views(backends, n, batcher)
@@ -357,12 +375,14 @@ class Engine:
                 batcher.plan = planner
         slots = []
         for views in all_views:
-            slot = copy.copy(self)
-            slot.target = views[0]
-            slot.draft = views[1] if self.draft is not None else None
-            slot._frozen_k_max = frozen
-            slot._joint = planner
-            slots.append(slot)
+            draft = views[1] if self.draft is not None else None
+            shared = dataclasses.replace(self._shared, frozen_k_max=frozen, joint=planner)
+            slots.append(Engine(
+                dataclasses.replace(self.target_model, backend=views[0]), self.tokenizer,
+                dataclasses.replace(self.draft_model, backend=draft) if draft is not None else None,
+                proposer=self.proposer_kind, ngram=self.ngram, k_max=self.k_max,
+                eos_token_ids=self.eos_token_ids, model_names=self.model_names,
+                prefix_cache=self.prefix_cache, shared=shared))
         return slots, batcher
 
     def _joint_planner(self, n: int) -> JointPlanner | None:
@@ -436,7 +456,7 @@ class Engine:
                 stats: DecodeStats = done.value
                 if cache is not None:
                     cache.record(stats.prompt_tokens, stats.cached_prompt_tokens,
-                                 getattr(proposer, "reused_tokens", None))
+                                 proposer.reused_tokens if proposer is not None else None)
                 break
             text = visible_text(self.tokenizer, tokens, stops)
             # Hold back a trailing partial UTF-8 character and a possible stop-string prefix.

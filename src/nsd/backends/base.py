@@ -83,6 +83,19 @@ def cached_tokens(backend: Any) -> Sequence[int] | None:
     return tokens if tokens is not None and len(tokens) == backend.num_cached else None
 
 
+def eos_token_ids(backend: Any) -> Sequence[int]:
+    """The end-of-sequence ids a backend read from its model file (``eos_token_ids``,
+    optional: a tokenizer may name them instead), else none."""
+    return getattr(backend, "eos_token_ids", ())
+
+
+def device_of(backend: Any) -> torch.device:
+    """Where a backend computes: its ``device`` (optional; the transformers backend has
+    one), else the CPU (llama.cpp, test mocks)."""
+    device = getattr(backend, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
 def context_limit(backends: Sequence[Any]) -> int | None:
     """Tokens every one of ``backends`` can hold in one sequence (llama.cpp's ``n_ctx``,
     the transformers backend's ``max_positions``), or None where none says."""

@@ -14,6 +14,7 @@ Its logits are those of the wrapped model (the reduced vocabulary).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,6 +23,21 @@ import torch
 from nsd.errors import NSDError
 
 INPUT_TABLE = "token_embd.weight"
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """The reduced draft's ids → target (full-vocabulary) ids: what a draft run on
+    :class:`EmbeddingInputBackend` over a reduced vocabulary needs to read its logits."""
+
+    draft_to_target: torch.Tensor  # [Vd] int64, ascending
+    target_vocab_size: int
+
+    def expand(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft probabilities ``[Vd]`` → ``[V]`` with zeros on dropped tokens."""
+        full = torch.zeros(self.target_vocab_size, dtype=probs.dtype, device=probs.device)
+        full[self.draft_to_target.to(probs.device)] = probs
+        return full
 
 
 class EmbeddingTable:

@@ -251,10 +251,14 @@ def _llama_peers(args: argparse.Namespace, engine, families: set[str]) -> dict:
 def _engine(args: argparse.Namespace, draft: bool):
     """Our engine. The draft model is loaded only when a method drafts with it; an Engine
     switches between it and n-gram lookup per call."""
-    from nsd.api import Engine
+    import dataclasses
+
+    from nsd.api import load_engine
 
     # Without a draft loaded, --draft-vocab has nothing to act on; it stays in the run's
     # settings all the same, so a resumed run may add or drop drafting methods.
-    return Engine(args.target, draft=args.draft if draft else None,
-                  proposer=optspec.default_proposer(draft), options=backend_options(args),
-                  k_max=args.k_max, draft_vocab=None if draft else "auto")
+    options = backend_options(args)
+    if not draft:
+        options = dataclasses.replace(options, draft_vocab="auto")
+    return load_engine(args.target, draft=args.draft if draft else None,
+                       proposer=optspec.default_proposer(draft), options=options, k_max=args.k_max)

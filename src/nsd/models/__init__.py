@@ -19,7 +19,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft
+    from nsd.backends.embedding_input import VocabMap
+    from nsd.models.draft_vocab import ensure_reduced_draft
     from nsd.backends.files import GGUFInfo, check_gguf, check_hf_folder
     from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
     from nsd.models.loader import (BACKENDS, BackendOptions, LoadedModel, llama_available,
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from nsd.models.weights import DERIVED_FORMATS, WEIGHT_CHOICES, check_weights, gguf_for
 
 _HOME = {  # public name -> the module that defines it (the header checks live in backends)
-    **dict.fromkeys(("VocabMap", "ensure_reduced_draft"), "nsd.models.draft_vocab"),
+    "VocabMap": "nsd.backends.embedding_input",
+    "ensure_reduced_draft": "nsd.models.draft_vocab",
     **dict.fromkeys(("GGUFInfo", "check_gguf", "check_hf_folder"), "nsd.backends.files"),
     **dict.fromkeys(("ensure_hf_folder", "ensure_tokenizer_folder"), "nsd.models.hf_convert"),
     **dict.fromkeys(("BACKENDS", "BackendOptions", "LoadedModel", "llama_available", "load_backend",

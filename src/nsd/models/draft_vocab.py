@@ -31,27 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nsd.errors import NSDError
+from nsd.backends.embedding_input import VocabMap  # the map lives beside the backend that reads it
 from nsd.backends.files import check_gguf
+from nsd.errors import NSDError
 from nsd.models.markers import ensure_artefact
 
 _NORMAL = 1  # GGUF token_type of a regular token; every other type is kept
 HEAD_TYPES = ("source", "q8_0", "q4_0")
 DEFAULT_HEAD = "source"  # the source's head rows as they are (see BENCHMARKS.md)
-
-
-@dataclass(frozen=True)
-class VocabMap:
-    """The reduced draft's ids → target (full-vocabulary) ids."""
-
-    draft_to_target: torch.Tensor  # [Vd] int64, ascending
-    target_vocab_size: int
-
-    def expand(self, probs: torch.Tensor) -> torch.Tensor:
-        """Draft probabilities ``[Vd]`` → ``[V]`` with zeros on dropped tokens."""
-        full = torch.zeros(self.target_vocab_size, dtype=probs.dtype, device=probs.device)
-        full[self.draft_to_target.to(probs.device)] = probs
-        return full
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from nsd.backends.base import ModelBackend
 from nsd.calibrate import (CONTEXT_TOKENS, Calibration, calibrate, calibrate_batched,
                            compare_step_costs, fitting_context, measure)
 from nsd.errors import NSDError
-from nsd.models.draft_vocab import VocabMap, ensure_reduced_draft, open_reduced_draft
+from nsd.backends.embedding_input import VocabMap
+from nsd.models.draft_vocab import ensure_reduced_draft, open_reduced_draft
 from nsd.models.hf_convert import ensure_hf_folder, ensure_tokenizer_folder
 from nsd.models.registry import resolve_model
 from nsd.models.weights import DERIVED_FORMATS, check_weights, gguf_for
@@ -158,23 +159,23 @@ def check_transformers_flags(kinds: Sequence[str], options: BackendOptions) -> N
                        "on llama.cpp the GGUF's format decides (see --weights)")
 
 
-def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str | None = None,
+def load_backend(model: str, options: BackendOptions, draft_vocab: int | str | None = None,
                  weights: str | None = None, calibrate_n: int = 2,
                  verify: tuple[int, float] | None = None) -> LoadedModel:
     """Load one model (``weights`` overrides ``options.weights``); a reduced-vocabulary
-    copy when ``reduced_vocab`` asks for one (drafts only: N tokens, 0 or None for the full
+    copy when ``draft_vocab`` asks for one (drafts only: N tokens, 0 or None for the full
     vocabulary, ``auto`` where it measures cheaper). ``auto`` weights load every format,
     measure their single steps side by side and keep the cheapest (a derived format must
     win by a margin); then ``c(1..calibrate_n)`` of the one kept. ``verify`` = (tokens of
     one verification forward, tokens it is expected to yield) marks a target that verifies
     drafts: its verification forwards are compared too (see :func:`pick_format`)."""
     weights = check_weights(weights or options.weights)
-    auto_vocab = reduced_vocab == "auto"
-    if auto_vocab or not reduced_vocab:
-        reduced_vocab = None
+    auto_vocab = draft_vocab == "auto"
+    if auto_vocab or not draft_vocab:
+        draft_vocab = None
     resolved = resolve_model(model)
     backend = backend_kind(model, options, resolved)
-    if reduced_vocab is not None and backend != "llama":
+    if draft_vocab is not None and backend != "llama":
         raise NSDError("a reduced draft vocabulary (--draft-vocab) needs a GGUF draft on the "
                        "llama.cpp backend")
     if backend == "llama":
@@ -188,10 +189,10 @@ def load_backend(model: str, options: BackendOptions, reduced_vocab: int | str |
 
         tokenizer_dir = str(ensure_tokenizer_folder(model))
 
-        def open_format(fmt: str, keep: int | None = reduced_vocab) -> LoadedModel:
+        def open_format(fmt: str, size: int | None = draft_vocab) -> LoadedModel:
             path = gguf_for(resolved.gguf_path, fmt, options.threads)
-            if keep is not None:
-                reduced = ensure_reduced_draft(path, keep)
+            if size is not None:
+                reduced = ensure_reduced_draft(path, size)
                 return LoadedModel(open_reduced_draft(reduced, n_threads=options.threads,
                                                       n_ctx=options.n_ctx),
                                    str(reduced.model), tokenizer_dir, fmt, reduced.vocab_map,

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
-from nsd.models.draft_vocab import VocabMap
+from nsd.backends.embedding_input import VocabMap
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
 from nsd.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
