@@ -9,6 +9,7 @@ import math
 import re
 
 import httpx
+import torch
 import pytest
 
 import nsd.cli
@@ -175,3 +176,45 @@ def test_vllm_section_hosts_the_per_position_rules_and_refuses_fly() -> None:
         build_config({"method": "topk_delta", "relaxed_delta": -1})
     assert not build_config({"method": "threshold"}).rule.relaxes  # SGLang's defaults: exact
     assert math.isinf(build_config({"method": "topk_delta"}).rule.budget)
+
+
+def _ragged(rule, probs, argmax, drafts, greedy, uniforms, spent, recovered=None):
+    from nsd.ragged import verify_ragged
+
+    batch, k, vocab = probs.shape[0], drafts.shape[1], probs.shape[-1]
+    return verify_ragged(rule, probs[:, :k].reshape(-1, vocab), argmax[:, :k].reshape(-1),
+                         drafts.reshape(-1).to(torch.int32), torch.full((batch,), k).cumsum(0).to(torch.int32),
+                         k, None, argmax[:, k], greedy, uniforms.reshape(-1), recovered, spent)
+
+
+@pytest.mark.parametrize("budget", [math.inf, 1.5])
+def test_vllm_path_decides_as_the_local_rule(budget) -> None:
+    # The plugin's ragged verifier and the local decoder share lossy_rules.set_stats: on the
+    # same inputs they accept, relax and charge alike (greedy topk_delta, sampled threshold).
+    from nsd.verify import RuleConfig, verify
+
+    gen = torch.Generator().manual_seed(41)
+    batch, k, vocab = 300, 4, 12
+    logits = 1.5 * torch.randn(batch, k + 1, vocab, generator=gen)
+    plaus = torch.softmax(logits, dim=-1)
+    argmax = logits.argmax(dim=-1)
+    top3 = logits[:, :k].topk(3, dim=-1).indices
+    drafts = top3.gather(-1, torch.randint(0, 3, (batch, k, 1), generator=gen)).squeeze(-1)
+    spent = torch.rand(batch, generator=gen, dtype=torch.float64)
+    uniforms = torch.rand(batch, k, generator=gen, dtype=torch.float64)
+    sample_u = torch.rand(batch, generator=gen, dtype=torch.float64)
+    cases = [(RuleConfig("topk_delta", relaxed_topk=3, relaxed_delta=0.5, budget=budget), True),
+             (RuleConfig("threshold", threshold_single=0.4, threshold_acc=0.7, budget=budget), False)]
+    for rule, greedy in cases:
+        target = torch.nn.functional.one_hot(argmax, vocab).float() if greedy else plaus
+        local = verify(rule, target, plaus[:, :k], drafts, None, uniforms, sample_u, spent, greedy=greedy)
+        ragged = _ragged(rule, plaus, argmax, drafts, torch.full((batch,), greedy), uniforms, spent,
+                         None if greedy else torch.zeros(batch * k, dtype=torch.long))
+        assert torch.equal(local.num_accepted, ragged.num_accepted), rule.kind
+        assert torch.equal(local.relaxed, ragged.relaxed) and int(local.relaxed.sum()) > 20
+        assert torch.equal(local.deviation, ragged.deviation) and torch.equal(local.spent, ragged.spent)
+        assert torch.all(ragged.spent <= budget)
+        # The other kind of row is verified exactly: no relaxation, no deviation.
+        other = _ragged(rule, plaus, argmax, drafts, torch.full((batch,), not greedy), uniforms, spent,
+                        None if not greedy else torch.zeros(batch * k, dtype=torch.long))
+        assert not other.relaxed.any() and not other.deviation.any()
