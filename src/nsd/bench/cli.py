@@ -132,7 +132,12 @@ def _settings(args: argparse.Namespace, base) -> dict:
     """What must match for records to be comparable (see nsd.bench.store); the selection
     of datasets, prompts and methods may change between resumed runs."""
     swept = ("method", "theta", "budget", *optspec.LOSSY_SWEEP_KNOBS)  # per method, not per run
-    generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in swept}
+    # The engines' rules' scalar knobs (fly_window_size, ...) left at their defaults stay out,
+    # so a run journaled before those rules existed still resumes.
+    lossy = {n for n in optspec.RULE if set(optspec.ALL[n].methods or ()) <= set(optspec.LOSSY_METHODS)
+             and optspec.ALL[n].methods}
+    generation = {k: v for k, v in dataclasses.asdict(base).items()
+                  if k not in swept and not (k in lossy and v == optspec.default(k))}
     return {"target": args.target, "draft": args.draft,
             **dataclasses.asdict(backend_options(args)),
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
