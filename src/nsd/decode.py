@@ -244,10 +244,12 @@ class DecodeTally:
     drafted: int = 0
     accepted: int = 0
     relaxed: int = 0
-    propose_s: float = 0.0
-    target_s: float = 0.0
+    # Per draft position: blocks whose test reached it, and those it passed.
     attempts: list[int] = field(default_factory=list)
     accepts: list[int] = field(default_factory=list)
+    # Seconds in the proposer and in the target's forwards after the prefill.
+    propose_s: float = 0.0
+    target_s: float = 0.0
     accepted_per_pass: list[int] = field(default_factory=list)
     k_per_pass: list[int] = field(default_factory=list)
     lookup_blocks: int = 0

@@ -171,13 +171,8 @@ def nsd_rejection_sample_v2(
     target_argmax = row_logits.argmax(dim=-1)
     draft_probs = draft_logp_x = None
     if draft_logits is not None:
-        # Greedy requests have temperature 0: their q is never used (the greedy test
-        # compares with the argmax); divide by 1 there to keep the tensor finite.
-        scale = torch.where(tok_temp == 0.0, torch.ones_like(tok_temp), tok_temp)
-        scaled = draft_logits[state[draft_req], draft_step, :vocab].float() / scale.unsqueeze(-1)
-        draft_logp = scaled.log_softmax(dim=-1)
-        draft_probs = scaled.softmax(dim=-1)
-        draft_logp_x = draft_logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        draft_rows_logits = draft_logits[state[draft_req], draft_step, :vocab]  # [T, V]
+        draft_probs, draft_logp_x = _draft_distribution(draft_rows_logits, tok_temp, safe)
 
     # V2's exact test for sampled requests, in its float32 log form.
     uniforms = draw_uniforms_v2(tok_seed, tok_pos)  # [T] float32
@@ -187,11 +182,8 @@ def nsd_rejection_sample_v2(
 
     # The token drawn at a rejection: V2's Gumbel race over nsd's residual (p - q)+, or
     # over p when the rejected draft is a placeholder; greedy rows use the argmax.
-    residual = residual_ragged(target_probs, draft_probs, tokens)
-    residual = torch.where(valid.unsqueeze(-1), residual, target_probs)
-    residual_logits = torch.where(residual > 0, residual.log(), torch.full_like(residual, float("-inf")))
-    recovered = gumbel_argmax_v2(residual_logits, tok_seed, tok_pos,
-                                 torch.where(is_greedy[draft_req], 1.0, tok_temp), use_fp64)
+    recovered = _recovered_tokens(target_probs, draft_probs, tokens, tok_seed, tok_pos,
+                                  torch.where(is_greedy[draft_req], 1.0, tok_temp), use_fp64)
     # The bonus token: V2's Gumbel draw over p at the bonus row (plain argmax when greedy).
     bonus = gumbel_argmax_v2(logits[bonus_rows], req_seed, pos.to(torch.int64)[bonus_rows],
                              req_temp, use_fp64)
@@ -202,6 +194,38 @@ def nsd_rejection_sample_v2(
     sampled = result.output_token_ids.to(torch.int64)
     num_sampled = (result.num_accepted + 1).to(torch.int32)
     return sampled, num_sampled, result
+
+
+def _draft_distribution(
+    draft_logits: torch.Tensor,  # [T, V] pre-temperature draft logits of each draft position
+    temperature: torch.Tensor,  # [T] float32 its request's temperature
+    tokens: torch.Tensor,  # [T] int64 draft tokens (placeholders clamped to 0)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [T, V], log q(x) [T])``: the draft's distribution at its request's temperature.
+
+    Greedy requests have temperature 0: their q is never used (the greedy test compares
+    with the argmax); divide by 1 there to keep the tensor finite."""
+    scale = torch.where(temperature == 0.0, torch.ones_like(temperature), temperature)
+    scaled = draft_logits.float() / scale.unsqueeze(-1)
+    draft_logp_x = scaled.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return scaled.softmax(dim=-1), draft_logp_x
+
+
+def _recovered_tokens(
+    target_probs: torch.Tensor,  # [T, V] p
+    draft_probs: torch.Tensor | None,  # [T, V] q, or None for one-hot proposals
+    tokens: torch.Tensor,  # [T] int64 draft tokens, -1 for a placeholder
+    seeds: torch.Tensor,  # [T] int64 the request's seed
+    positions: torch.Tensor,  # [T] int64
+    temperature: torch.Tensor,  # [T] float32 (1 for greedy rows)
+    use_fp64: bool,
+) -> torch.Tensor:
+    """``[T]`` the token drawn at a rejection: V2's Gumbel race over nsd's residual
+    ``(p − q)₊``, or over ``p`` where the rejected draft is a placeholder."""
+    residual = residual_ragged(target_probs, draft_probs, tokens)
+    residual = torch.where((tokens >= 0).unsqueeze(-1), residual, target_probs)
+    residual_logits = torch.where(residual > 0, residual.log(), torch.full_like(residual, float("-inf")))
+    return gumbel_argmax_v2(residual_logits, seeds, positions, temperature, use_fp64)
 
 
 def v2_num_draft_tokens(cu_num_logits: torch.Tensor) -> torch.Tensor:
