@@ -36,7 +36,8 @@ SMOKE=()
 if [[ "${FRONTIER_SMOKE:-0}" == 1 ]]; then
     OUT=benchmarks/results/frontier-smoke
     THETA=0.5,0.9 DELTA=0.3,0.6 SINGLE=0.3,0.7 ENTROPY=0.1,0.6
-    SMOKE=(--limit 2 --max-new-tokens 32)
+    # The weights as given and the full draft vocabulary: no once-per-machine measurements.
+    SMOKE=(--limit 2 --max-new-tokens 32 --weights original --draft-vocab 0)
 fi
 COMMON=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --proposers draft
         --theta "$THETA" --budget 1,4 --relaxed-delta "$DELTA" --fly-entropy-threshold "$ENTROPY"
