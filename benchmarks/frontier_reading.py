@@ -1,7 +1,9 @@
 """The quality-speed frontier in one place, from `benchmarks/run_frontier.sh`'s folders:
 per run the fidelity table (pass@1 with its 95% interval, paired changes in pass@1 and in
 target log-likelihood against AR, τ, D/token, speed against AR and SD) and, per relaxed
-method, one sentence a user choosing θ and B can act on.
+method, one sentence a user choosing θ and B can act on; then the rules' frontier: the
+fastest rule at each quality level, and frontier_rules.png in the run folder (speedup
+against quality, one curve per rule, AR and SD as points).
 
     python benchmarks/frontier_reading.py benchmarks/results/frontier/*/
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nsd.bench.frontier import read_run, run_reading
+from nsd.bench.frontier import read_run, run_reading, write_rules_plot
 from nsd.errors import NSDError
 
 
@@ -28,6 +30,9 @@ def main() -> None:
     ap.add_argument("--first", type=int, metavar="N",
                     help="read only the first N prompts of each run (to set a run beside a "
                          "shorter one on the same prompts)")
+    ap.add_argument("--no-plot", dest="plot", action="store_false",
+                    help="do not write frontier_rules.png (speedup against quality, one curve "
+                         "per rule) into each run folder")
     args = ap.parse_args()
     if args.first is not None and args.first < 1:
         ap.error(f"--first must be at least 1, got {args.first}")
@@ -38,6 +43,8 @@ def main() -> None:
             raise SystemExit(f"frontier_reading: {exc}") from None
         for block in run_reading(run.name, records, state):
             print(block)
+        if args.plot and (path := write_rules_plot(run, records)) is not None:
+            print(f"![{run.name}: speedup against quality, one curve per rule]({path})\n")
 
 
 if __name__ == "__main__":

@@ -232,7 +232,8 @@ def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
     note_unused(args, ["sd"])
     err = capsys.readouterr().err.splitlines()
     assert err == ["nsd: --theta 0.5 does nothing with --method sd (it acts on nsd)",
-                   "nsd: --cap 1.0 does nothing with --method sd (it acts on nsd, typical)",
+                   "nsd: --cap 1.0 does nothing with --method sd (it acts on nsd, typical, topk_delta, "
+                   "threshold, fly)",
                    "nsd: --typical-delta 0.2 does nothing with --method sd (it acts on typical)"]
     note_unused(args, ["ar", "nsd"], flag="--methods")  # θ and the cap act on nsd; k on nsd too
     assert capsys.readouterr().err.splitlines() == [

@@ -78,3 +78,24 @@ def test_read_run_from_a_journal_and_the_blocks_printed(tmp_path: Path) -> None:
     assert fr.run_reading("run", [], "x") == ["## run (x)\n\nnothing to show yet\n"]
     with pytest.raises(NSDError, match="no results.json or journal.jsonl"):
         fr.read_run(tmp_path / "missing")
+
+
+def test_rules_frontier_table_and_plot_from_a_smoke_sized_run(tmp_path: Path) -> None:
+    # Methods outside the grid (a smoke run's own knob values) are rebuilt from the records.
+    speeds = {"ar": 10, "sd/draft": 12, "nsd@0.9/draft": 15, "topk_delta@K10,d0.6/draft": 14,
+              "fly@h0.1/draft": 13}
+    passes = {"ar": (True, True), "sd/draft": (True, True), "nsd@0.9/draft": (True, False),
+              "topk_delta@K10,d0.6/draft": (True, True), "fly@h0.1/draft": (False, False)}
+    rows = [record(p, m, speeds[m], passes[m][i]) for i, p in enumerate(("p0", "p1")) for m in speeds]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records, state = fr.read_run(tmp_path)
+    assert state == "in progress: the 2 prompts every method has finished"
+    blocks = fr.run_reading("run", records, state)
+    table = blocks[-1].splitlines()
+    assert table[2] == "| quality ≥ | fastest | speedup | nsd | topk_delta | fly |"
+    # At AR's pass@1 (2/2) nsd and fly fall short: top-K/δ is the fastest there.
+    assert table[4] == "| AR's | topk_delta@K10,d0.6/draft | 1.40 | - | 1.40 | - |"
+    assert table[5] == "| AR − 1 problem | nsd@0.9/draft | 1.50 | 1.50 | 1.40 | - |"
+    assert table[6].startswith("| AR − 2 problems | nsd@0.9/draft | 1.50 | 1.50 | 1.40 | 1.30 |")
+    path = fr.write_rules_plot(tmp_path, records)
+    assert path == tmp_path / "frontier_rules.png" and path.stat().st_size > 1000

@@ -30,15 +30,18 @@ def test_configs_are_exactly_the_options_with_their_defaults() -> None:
     assert generation == {n: o.default for n, o in {**optspec.DECODING, **optspec.DRAFT_LENGTH}.items()}
     assert _defaults(BackendOptions) == {n: o.default for n, o in optspec.BACKEND.items()}
     rule = _defaults(RuleConfig)
-    for name in ("budget", "cap", "smooth", "typical_epsilon", "typical_delta"):
-        assert rule[name] == optspec.default(name)
+    for name in optspec.RULE:
+        if name not in ("method", "theta"):  # the rule's kind; θ 0 unless nsd sets it
+            assert rule[name] == optspec.default(name)
+    assert set(rule) == {"kind", *optspec.RULE} - {"method"}
 
 
 @pytest.mark.parametrize("command", ["generate", "compare", "serve", "bench"])
 def test_every_cli_flag_defaults_to_its_option(command: str) -> None:
     argv = [command] + (["--target", "x"] if command != "bench" else [])
     args = vars(build_parser().parse_args(argv))
-    list_valued = {"theta": [optspec.default("theta")], "budget": []}  # bench: one method each
+    list_valued = {"theta": [optspec.default("theta")], "budget": [],  # bench: one method each
+                   **{n: [] for n in optspec.LOSSY_SWEEP_KNOBS}}  # swept; empty: the default
     bench_own = {"max_new_tokens"}  # bench generations are longer by default (documented)
     for name, option in optspec.ALL.items():
         if name == "method" and command in ("compare", "bench"):

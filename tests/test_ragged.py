@@ -16,7 +16,8 @@ import torch
 from nsd.integrations.vllm.ledger import FidelityLedger
 from nsd.integrations.vllm.sampler import nsd_rejection_sample
 from nsd.rules.ragged import padded_token_index, verify_ragged
-from nsd.rules.verify import RuleConfig, relaxed_set_mask, verify
+from nsd.rules.entry import verify
+from nsd.rules.verify import RuleConfig, relaxed_set_mask
 from vllm_stock_reference import stock_rejection_sample
 
 EXACT = RuleConfig(kind="exact")
@@ -236,7 +237,7 @@ def test_budget_holds_exactly_on_the_vllm_path_and_in_its_ledger(smooth: bool) -
 
 @pytest.mark.parametrize("smooth", [False, True])
 def test_greedy_decisions_agree_between_local_and_vllm_paths(smooth: bool) -> None:
-    # Identical greedy inputs to the local decoder's rule (nsd.rules.verify.verify, p one-hot, p̂ the
+    # Identical greedy inputs to the local decoder's rule (nsd.rules.entry.verify, p one-hot, p̂ the
     # temperature-1 softmax) and to the ragged/vLLM adapter. Budgets 1.5 and 2.5 with spent
     # 0–1.2 leave remainders below one relaxed accept's E = 1: the smooth rule must still
     # relax all-or-nothing on both paths, so the accept never depends on the uniform.

@@ -20,9 +20,9 @@ from nsd.rules.verify import (
     relaxed_set_mask,
     relaxed_set_stats,
     typical_threshold,
-    verify,
     verify_block,
 )
+from nsd.rules.entry import verify
 
 V = 8
 

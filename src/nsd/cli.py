@@ -82,7 +82,8 @@ def summary_line(stats) -> str:
         parts.append(f"accepted {stats.accepted_tokens}/{stats.drafted_tokens} "
                      f"({100 * stats.acceptance_rate:.0f}%)")
         parts.append(f"relaxed {stats.relaxed_accepts}")
-        parts.append(f"D {stats.deviation:.3f}")
+        bound = stats.method in optspec.DEVIATION_BOUND_METHODS  # FLy: a bound, not exact
+        parts.append(f"D {'≤ ' if bound else ''}{stats.deviation:.3f}")
     if stats.k_per_pass:
         parts.append(f"mean k {sum(stats.k_per_pass) / len(stats.k_per_pass):.1f}")
     parts.append(f"stop: {stats.stop_reason}")

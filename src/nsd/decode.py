@@ -23,8 +23,9 @@ from nsd.draftlen.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
 from nsd.rules.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
-                          sample_from)
-from nsd.rules.verify import RuleConfig, VerifyResult, charge, method_of_rule, verify
+                          sample_from, untempered_probs)
+from nsd.rules.entry import verify
+from nsd.rules.verify import RuleConfig, VerifyResult, charge, method_of_rule
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class DecodeConfig:
             raise NSDError(f"k_max ({self.k_max}) must be >= k ({self.k})")
         if self.adaptive_k and self.auto_k:
             raise NSDError("choose either adaptive k or auto k, not both")
+        if self.speculative and self.rule.kind == "threshold" and self.sampling.greedy:
+            raise NSDError("threshold: SGLang's thresholds act at temperature > 0 only (its greedy "
+                           "verification is plain argmax matching); use --temperature > 0")
 
     def default_policy(self) -> KPolicy:
         """The policy for a fixed or adaptive ``k``, or plain decoding (``auto_k`` needs
@@ -363,6 +367,9 @@ def _verify_drafts(config: DecodeConfig, logits: torch.Tensor, proposal: Proposa
     target_probs = logits_to_probs(logits, sampling, generated, draft)  # [n+1, V]
     plaus = plausibility_probs(logits[:n], sampling, target_probs[:n], generated, draft) \
         if rule.relaxes else target_probs[:n]
+    # Top-K/δ at temperature > 0 (Modular MAX) ranks candidates by the untempered softmax.
+    max_rule = rule.kind == "topk_delta" and rule.relaxes and not sampling.greedy
+    relaxed_probs = untempered_probs(logits[:n], sampling, generated, draft).unsqueeze(0) if max_rule else None
     result = verify(
         rule,
         target_probs.unsqueeze(0),
@@ -374,6 +381,10 @@ def _verify_drafts(config: DecodeConfig, logits: torch.Tensor, proposal: Proposa
         torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
         spent.to(device),
         greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
+        relaxed_probs=relaxed_probs,
+        # Drawn after the others, and only where used, so other rules' streams are unchanged.
+        mix_uniforms=torch.rand(1, n, dtype=torch.float64, generator=generator,
+                                device=generator.device).to(device) if max_rule and rule.smooth else None,
     )
     return result, target_probs
 

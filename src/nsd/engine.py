@@ -246,7 +246,8 @@ class Engine:
         if self.proposer_kind == "ngram":
             return NgramProposer(self.ngram)
         draft = DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
-                                   self.draft_model.vocab_map, reuse_cache=self.prefix_cache is not None)
+                                   self.draft_model.vocab_map, reuse_cache=self.prefix_cache is not None,
+                                   argmax=config.rule.argmax_drafts)
         if self.proposer_kind == "hybrid":
             return HybridProposer(draft, NgramProposer(self.ngram))
         return draft

@@ -34,6 +34,13 @@ class GenerationConfig:
     smooth: bool = optspec.default("smooth")
     typical_epsilon: float = optspec.default("typical_epsilon")  # Medusa's posterior_threshold
     typical_delta: float = optspec.default("typical_delta")  # Medusa's posterior_alpha
+    relaxed_topk: int = optspec.default("relaxed_topk")  # topk_delta (TensorRT-LLM, MAX)
+    relaxed_delta: float = optspec.default("relaxed_delta")
+    threshold_single: float = optspec.default("threshold_single")  # threshold (SGLang)
+    threshold_acc: float = optspec.default("threshold_acc")
+    fly_window_size: int = optspec.default("fly_window_size")  # fly (vLLM's FLy)
+    fly_entropy_threshold: float = optspec.default("fly_entropy_threshold")
+    fly_entropy_top_k: int = optspec.default("fly_entropy_top_k")
     k: int | str = optspec.default("k")  # drafts per block, or "auto": the cost model picks (0..k_max)
     k_max: int = optspec.default("k_max")
     adaptive_k: bool = optspec.default("adaptive_k")
@@ -157,9 +164,14 @@ def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
     label of its metrics), ``budget: 0`` and ``effective_method: sd``.
     """
     out: dict[str, Any] = {"method": config.method, "effective_method": effective}
-    for name in ("theta", "budget", "cap"):  # those of them that act on the method asked for
+    # Those that act on the method asked for: θ, budget and cap, and the swept knobs of
+    # the engines' rules (nsd.options.SWEEP_KNOBS).
+    for name in ("theta", "budget", "cap", *optspec.LOSSY_SWEEP_KNOBS):
         if optspec.ALL[name].acts_on([config.method]):
             value = getattr(config, name)
             # JSON has no infinity: an unlimited budget or cap is null.
-            out[name] = None if math.isinf(value) else value
+            out[name] = None if isinstance(value, float) and math.isinf(value) else value
+    if config.method in optspec.DEVIATION_BOUND_METHODS:
+        # FLy's D is a derived bound on the deviation, not its exact value (nsd.rules.lossy).
+        out["deviation_is"] = "bound"
     return out

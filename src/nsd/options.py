@@ -141,11 +141,25 @@ def _opts(*options: Option) -> dict[str, Option]:
     return {o.name: o for o in options}
 
 
-METHODS = ("ar", "sd", "nsd", "typical")
+# The lossy verification rules other engines ship (nsd.rules.lossy): each method is named
+# for its rule. topk_delta: TensorRT-LLM's / Modular MAX's; threshold: SGLang's; fly: vLLM's.
+LOSSY_METHODS = ("topk_delta", "threshold", "fly")
+METHODS = ("ar", "sd", "nsd", "typical", *LOSSY_METHODS)
 # The verification rule each method runs (nsd.rules.verify.RuleConfig.kind): the one table that
 # maps methods to rules, read both ways (RuleConfig.for_method, nsd.rules.verify.method_of_rule).
-METHOD_RULE = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical"}
-SPECULATIVE = ("sd", "nsd", "typical")  # the methods that draft
+METHOD_RULE = {"ar": "exact", "sd": "exact", "nsd": "nucleus", "typical": "typical",
+               **{m: m for m in LOSSY_METHODS}}
+SPECULATIVE = ("sd", "nsd", "typical", *LOSSY_METHODS)  # the methods that draft
+# The methods whose rule can relax, and those that take --budget/--cap (every one) and
+# --smooth (not fly: a deferral is all or nothing).
+RELAXED_METHODS = ("nsd", "typical", *LOSSY_METHODS)
+SMOOTH_METHODS = ("nsd", "typical", "topk_delta", "threshold")
+# The rules defined for argmax (deterministic) drafts only: with a draft model they draft
+# argmaxes at any temperature (as SGLang's EAGLE and MAX's drafts do).
+ARGMAX_DRAFT_METHODS = ("topk_delta", "threshold")
+# The methods whose D is a derived upper bound on the deviation, not its exact value (FLy's
+# relaxation reads later positions: nsd.rules.lossy); reports write it "D ≤".
+DEVIATION_BOUND_METHODS = ("fly",)
 
 # Where drafts come from. draft: the draft model; ngram: prompt lookup alone; hybrid: both,
 # the -k auto policy choosing the cheaper one per block (with a fixed k, lookup takes a
@@ -171,16 +185,18 @@ def default_proposer(has_draft: bool, lookup_measured: bool = False) -> str:
 DECODING = _opts(
     Option("method", "nsd", str, choices=METHODS,
            help="ar: autoregressive; sd: exact speculative sampling; nsd: nucleus speculative "
-                "decoding; typical: Medusa-style typical acceptance"),
+                "decoding; typical: Medusa-style typical acceptance; topk_delta: TensorRT-LLM's / "
+                "Modular MAX's relaxed top-K/δ acceptance; threshold: SGLang's acceptance "
+                "thresholds; fly: vLLM's FLy (deferred rejection)"),
     Option("theta", 0.9, float, low=0.0, high=1.0, methods=("nsd",),
            help="NSD nucleus mass θ in [0, 1]: also accept a draft token inside the target's "
                 "smallest set of tokens with mass >= θ (0 = exactly SD)"),
-    Option("budget", math.inf, float, low=0.0, methods=("nsd", "typical"),
+    Option("budget", math.inf, float, low=0.0, methods=RELAXED_METHODS,
            help="hard fidelity budget B: cap on the summed deviation D of one sequence "
                 "(default: none; 0 = exactly SD)"),
-    Option("cap", math.inf, float, low=0.0, methods=("nsd", "typical"),
+    Option("cap", math.inf, float, low=0.0, methods=RELAXED_METHODS,
            help="per-position cap δ: positions with E_t > δ are verified exactly"),
-    Option("smooth", False, bool, methods=("nsd", "typical"),
+    Option("smooth", False, bool, methods=SMOOTH_METHODS,
            help="spend the last remainder of the budget with a partial relaxation (sampling "
                 "only: greedy relaxes all-or-nothing, so it stays seed-free)"),
     # Medusa's defaults: ε = posterior_threshold, δ = posterior_alpha.
@@ -189,6 +205,31 @@ DECODING = _opts(
                 "posterior_threshold)"),
     Option("typical_delta", 0.3, float, low=0.0, low_open=True, methods=("typical",),
            help="typical acceptance δ (Medusa's posterior_alpha)"),
+    # The lossy rules' knobs (nsd.rules.lossy), each with the default of the engine that
+    # ships it.
+    # Modular MAX's SpeculativeConfig defaults (TensorRT-LLM's own are 1 and 0: off).
+    Option("relaxed_topk", 10, int, low=1, methods=("topk_delta",),
+           help="top-K/δ acceptance (TensorRT-LLM MTP, Modular MAX): also accept a draft token "
+                "among the target's K most likely (MAX's default 10)"),
+    Option("relaxed_delta", 0.6, float, low=0.0, high=1.0, methods=("topk_delta",),
+           help="top-K/δ acceptance: a top-K token is accepted only if its probability is at "
+                "least the top token's minus δ (MAX's default 0.6)"),
+    # SGLang's server defaults: 1 and 1 leave its rule exact.
+    Option("threshold_single", 1.0, float, low=0.0, high=1.0, methods=("threshold",),
+           help="SGLang's speculative_accept_threshold_single: accept a draft token whose target "
+                "probability is at least this (1 = off)"),
+    Option("threshold_acc", 1.0, float, low=0.0, high=1.0, low_open=True, methods=("threshold",),
+           help="SGLang's speculative_accept_threshold_acc: raise a draft token's acceptance "
+                "probability from p to min(1, p / this) (1 = off)"),
+    # vLLM's FLy defaults (fly_window_size: min(6, k - 1) there; here a block shorter than
+    # the window plus one simply defers nothing).
+    Option("fly_window_size", 6, int, low=1, high=63, methods=("fly",),
+           help="FLy: defer a rejection only when the next W draft tokens pass the exact test"),
+    Option("fly_entropy_threshold", 0.3, float, low=0.0, methods=("fly",),
+           help="FLy: defer only where the entropy of the target's top tokens is at least this "
+                "(inf = never: exactly SD)"),
+    Option("fly_entropy_top_k", 3, int, low=1, methods=("fly",),
+           help="FLy: how many of the target's most likely tokens the entropy gate reads"),
     Option("temperature", 0.0, float, low=0.0, finite=True, help="sampling temperature; 0 = greedy"),
     Option("top_k", 0, int, low=0, help="keep the k most likely tokens (0 disables)"),
     Option("top_p", 1.0, float, low=0.0, high=1.0, low_open=True,
@@ -272,13 +313,20 @@ SERVING = _opts(
                 "for in the text after every block)"),
 )
 
+
 # The options every front end takes (the server's own, SERVING, only `nsd serve` does).
 ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
 _KNOWN: dict[str, Option] = {**ALL, **SERVING}
 # The decoding options that pick and shape the verification rule (the rest of DECODING is
 # sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
-RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta")
-RELAXED_METHODS = ("nsd", "typical")
+RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta",
+        "relaxed_topk", "relaxed_delta", "threshold_single", "threshold_acc", "fly_window_size",
+        "fly_entropy_threshold", "fly_entropy_top_k")
+# Each rule's main knobs, the ones a frontier sweeps (nsd bench takes each as a list).
+SWEEP_KNOBS = {"nsd": ("theta",), "topk_delta": ("relaxed_topk", "relaxed_delta"),
+               "threshold": ("threshold_single", "threshold_acc"),
+               "fly": ("fly_entropy_threshold",)}
+LOSSY_SWEEP_KNOBS = tuple(n for m in LOSSY_METHODS for n in SWEEP_KNOBS[m])
 
 
 def default(name: str) -> Any:

@@ -55,7 +55,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         f"with draft {DEFAULT_DRAFT})")
     p.add_argument("--draft", default=None,
                    help="draft model sharing the target's tokenizer (default: none for a custom target)")
-    add_decoding_args(p, with_method=False, skip=("theta", "budget", "max_new_tokens"))
+    add_decoding_args(p, with_method=False,
+                      skip=("theta", "budget", "max_new_tokens", *optspec.LOSSY_SWEEP_KNOBS))
     data = p.add_argument_group("data")
     data.add_argument("--dataset", type=_csv, default=["humaneval"],
                       help="comma-separated: spec-bench, humaneval, mt-bench, or a .jsonl file "
@@ -71,8 +72,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                            "for HumanEval's code completion)")
     grid = p.add_argument_group("methods")
     grid.add_argument("--methods", type=_csv, default=["ar", "sd", "nsd"],
-                      help="comma-separated from ar, sd, nsd, nsd-budget, typical, hf-ar, "
-                           "hf-assisted, hf-pld, llama-generate, llama-speculative (default: ar,sd,nsd)")
+                      help="comma-separated from ar, sd, nsd, nsd-budget, typical, "
+                           f"{', '.join(optspec.LOSSY_METHODS)}, hf-ar, hf-assisted, hf-pld, "
+                           "llama-generate, llama-speculative (default: ar,sd,nsd)")
     grid.add_argument("--ks", type=_csv, default=[],
                       help="draft lengths to compare, e.g. auto,2,4: each speculative method runs "
                            "once per k, labelled /k=… (default: just --draft-length)")
@@ -84,6 +86,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                            "each")
     grid.add_argument("--budget-theta", type=float, default=None,
                       help="θ used by nsd-budget (default: the largest --theta)")
+    for name in optspec.LOSSY_SWEEP_KNOBS:  # the engines' rules: a method per combination
+        option = optspec.ALL[name]
+        grid.add_argument(option.flag, dest=name, type=_csv_floats, default=[],
+                          help=f"{option.help}; comma-separated, swept (default: {option.default})")
     grid.add_argument("--proposers", "--proposer", dest="proposers", type=_csv, default=None,
                       help="draft, ngram and/or hybrid (draft model and prompt lookup, the cheaper "
                            "per block), comma-separated (default: "
@@ -125,7 +131,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace, base) -> dict:
     """What must match for records to be comparable (see nsd.bench.store); the selection
     of datasets, prompts and methods may change between resumed runs."""
-    generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("method", "theta", "budget")}
+    swept = ("method", "theta", "budget", *optspec.LOSSY_SWEEP_KNOBS)  # per method, not per run
+    # The engines' rules' scalar knobs (fly_window_size, ...) left at their defaults stay out,
+    # so a run journaled before those rules existed still resumes.
+    lossy = {n for n in optspec.RULE if set(optspec.ALL[n].methods or ()) <= set(optspec.LOSSY_METHODS)
+             and optspec.ALL[n].methods}
+    generation = {k: v for k, v in dataclasses.asdict(base).items()
+                  if k not in swept and not (k in lossy and v == optspec.default(k))}
     return {"target": args.target, "draft": args.draft,
             **dataclasses.asdict(backend_options(args)),
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
@@ -149,12 +161,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not 0.0 <= args.max_other_load <= 1.0:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]
-    specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks)
+    specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks,
+                           {name: getattr(args, name) for name in optspec.LOSSY_SWEEP_KNOBS})
     if not args.draft and any(s.proposer in optspec.NEEDS_DRAFT or s.family == "hf-assisted" for s in specs):
         raise NSDError("the draft and hybrid proposers and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).
     base = generation_config(args, method="ar", theta=optspec.default("theta"),
-                             budget=optspec.default("budget"))
+                             budget=optspec.default("budget"),
+                             **{n: optspec.default(n) for n in optspec.LOSSY_SWEEP_KNOBS})
     if base.temperature > 0 and any(s.is_hf for s in specs):
         raise NSDError("the hf-* peers are greedy only; use --temperature 0 or drop them from --methods")
     config = RunConfig(methods=specs, generation=base, loglik=args.loglik, execute=args.execute,

@@ -19,6 +19,7 @@ from nsd.bench.schedule import method_order
 from nsd.draftlen.calibrate import kernel_switches
 from nsd.errors import NSDError
 from nsd.draftlen.machine import cpu_description
+from nsd.options import DEVIATION_BOUND_METHODS
 
 DEFAULT_PROMPTS = (
     "def quicksort(arr):",
@@ -87,6 +88,7 @@ def run_compare(engine, prompts: Sequence[str], configs: Sequence, chat: bool = 
         lines.append(
             f"| {method} | {k_text} | {sum(new)} | {median(rates(method)):.1f} | "
             f"{tau(new, [s.target_passes for s in stats]):.2f} | {acc} | "
+            f"{'≤ ' if method in DEVIATION_BOUND_METHODS else ''}"
             f"{deviation_per_token([s.deviation for s in stats], new):.3f} | "
             f"{ratio(method, 'ar')} | {ratio(method, 'sd')} |")
     return "\n".join(lines)

@@ -1,7 +1,11 @@
 """The quality-speed frontier of ``benchmarks/run_frontier.sh``'s runs: per run the
 fidelity table (pass@1 with its 95% interval, paired changes in pass@1 and in target
-log-likelihood against AR, τ, D/token, speed against AR and SD) and, per relaxed method,
-one sentence a user choosing θ and B can act on (``benchmarks/frontier_reading.py``).
+log-likelihood against AR, τ, D/token, speed against AR and SD), per relaxed method one
+sentence a user choosing θ and B can act on (``benchmarks/frontier_reading.py``), and the
+rules' frontier (issue 45): NSD beside the rules engines ship (top-K/δ, SGLang's
+thresholds, FLy) and typical acceptance, each rule's main knob swept over the same number
+of values, as a plot of speedup against quality with one curve per rule and a table of the
+fastest rule at each quality level.
 
 A run still in progress is read from its journal, restricted to the prompts every method
 has finished (so each comparison stays paired). Speed against SD is the median over
@@ -13,6 +17,7 @@ the tighter pairing (NSD draws the same random numbers as SD).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from nsd.bench import metrics, speed
@@ -22,14 +27,36 @@ from nsd.bench.speed import paired_ratio
 from nsd.bench.store import read_journal
 from nsd.errors import NSDError
 
-# The grid of run_frontier.sh (keep the two in step).
-METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical"], [0.5, 0.7, 0.9, 0.95],
-                         [1.0, 4.0], ["draft"])
+# The grid of run_frontier.sh (keep the two in step): every rule's main knob over four
+# values, the same sweep budget per rule (threshold runs at T > 0 only: SGLang's greedy
+# verification is argmax matching).
+THETAS = (0.5, 0.7, 0.9, 0.95)
+SWEEPS = {"relaxed_delta": (0.2, 0.4, 0.6, 0.8), "threshold_single": (0.3, 0.5, 0.7, 0.9),
+          "fly_entropy_threshold": (0.1, 0.3, 0.6, 1.0)}
+RULES = ("nsd", "typical", "topk_delta", "threshold", "fly")  # the curves, in legend order
+METHODS = expand_methods(["ar", "sd", "nsd", "nsd-budget", "typical", "topk_delta", "threshold", "fly"],
+                         THETAS, [1.0, 4.0], ["draft"], sweeps=SWEEPS)
 
 
-def complete_records(journal: Path, methods: tuple[MethodSpec, ...]) -> tuple[list[dict], int]:
-    """Records of the prompts that every method has finished, and how many prompts that is."""
+def run_methods(records: list[dict]) -> tuple[MethodSpec, ...]:
+    """The methods a run's records hold: the grid's, in its order, then any others (a smoke
+    run's own knob values), rebuilt from what each record says of its method."""
+    labels = dict.fromkeys(r["method"] for r in records)
+    known = [m for m in METHODS if m.label in labels]
+    first = {r["method"]: r for r in reversed(records)}
+    extra = [MethodSpec(label, first[label]["family"], first[label].get("proposer"),
+                        first[label].get("theta"), first[label].get("budget"),
+                        knobs=tuple((first[label].get("knobs") or {}).items()))
+             for label in labels if label not in {m.label for m in known}]
+    return tuple(known + extra)
+
+
+def complete_records(journal: Path, methods: tuple[MethodSpec, ...] | None = None) -> tuple[list[dict], int]:
+    """Records of the prompts that every method has finished, and how many prompts that is
+    (``methods`` None: those the journal holds, :func:`run_methods`)."""
     by_prompt = speed.by_prompt(read_journal(journal)[0].values())
+    if methods is None:
+        methods = run_methods([r for rs in by_prompt.values() for r in rs.values()])
     labels = [m.label for m in methods]
     done = [p for p, rs in by_prompt.items() if all(label in rs for label in labels)]
     return [by_prompt[p][label] for p in done for label in labels], len(done)
@@ -95,7 +122,7 @@ CATEGORY_D = ("nsd@0.5/draft", "nsd@0.9/draft", "nsd@0.95/draft", "nsd-budget@B1
 def category_table(records: list[dict]) -> list[str]:
     """Markdown lines: one row per category with τ and D/token per method (one prompt set
     per category, so read differences between categories, not third decimals)."""
-    by_category = summarize_by_category(records, METHODS)
+    by_category = summarize_by_category(records, run_methods(records))
     short = lambda label: label.removesuffix("/draft")  # noqa: E731
     out = ["| category | prompts | " + " | ".join(f"τ {short(m)}" for m in CATEGORY_TAU) + " | "
            + " | ".join(f"D/tok {short(m)}" for m in CATEGORY_D) + " |",
@@ -117,7 +144,7 @@ def read_run(run: Path, first: int | None = None) -> tuple[list[dict], str]:
         records = json.loads(results.read_text())["records"]
         state = f"{len({r['prompt'] for r in records})} prompts, complete"
     elif (run / "journal.jsonl").exists():
-        records, n = complete_records(run / "journal.jsonl", METHODS)
+        records, n = complete_records(run / "journal.jsonl")
         state = f"in progress: the {n} prompts every method has finished"
     else:
         raise NSDError(f"{run}: no results.json or journal.jsonl")
@@ -132,10 +159,104 @@ def run_reading(name: str, records: list[dict], state: str) -> list[str]:
     when the run spans several categories, the per-category table."""
     if not records:
         return [f"## {name} ({state})\n\nnothing to show yet\n"]
-    summary = summarize(records, METHODS)
+    summary = summarize(records, run_methods(records))
     execute = any(r.get("passed") is not None for r in records)
     blocks = [f"## {name} ({state})\n", "\n".join(fidelity_table(summary)) + "\n",
               "\n".join(reading(records, summary, execute)) + "\n"]
+    points, quality = frontier_points(summary, execute)
+    if any(p["family"] in RULES for p in points):
+        blocks.append("\n".join(fastest_table(points, quality, summary, execute)) + "\n")
     if len({r.get("category") for r in records}) > 1:
         blocks.append("\n".join(category_table(records)) + "\n")
     return blocks
+
+
+# --------------------------------------------------------------------------- the rules' frontier
+
+
+def frontier_points(summary: list[dict], execute: bool) -> tuple[list[dict], str]:
+    """One point per method: its family (the curve), label, speedup over AR (median of
+    paired per-prompt ratios) and quality: pass@1 on HumanEval, else the paired change in
+    the target's mean log-likelihood per token against AR (0 for AR itself)."""
+    quality = "pass@1" if execute else "log-likelihood change vs AR (nats/token)"
+    points = []
+    for r in summary:
+        if r["family"] == "nsd-budget":
+            continue  # a budget is a second knob on NSD's curve, not a rule of its own
+        speedup = 1.0 if r["family"] == "ar" else r["speedup_vs_ar"]
+        value = r["pass_at_1"] if execute else (0.0 if r["family"] == "ar" else r["loglik_change"][0])
+        if speedup is None or value is None or math.isnan(speedup) or math.isnan(value):
+            continue
+        points.append({"family": r["family"], "method": r["method"], "speedup": speedup,
+                       "quality": value})
+    return points, quality
+
+
+def quality_levels(summary: list[dict], execute: bool) -> list[tuple[str, float]]:
+    """The quality levels of the fastest-rule table, as (words, least quality): on
+    HumanEval AR's pass@1 and 1, 2, 4 and 8 problems below it; else a log-likelihood
+    change of 0, −0.02 (the issue's matched-quality margin), −0.05, −0.1 and −0.2."""
+    if execute:
+        ar = next((r for r in summary if r["family"] == "ar"), None)
+        if ar is None or ar["pass_at_1"] is None:
+            return []
+        n = ar["prompts"]
+        return [(f"AR − {d} problem{'s' if d != 1 else ''}" if d else "AR's",
+                 ar["pass_at_1"] - d / n - 1e-9) for d in (0, 1, 2, 4, 8)]
+    return [(f"{v:+.2f}", v - 1e-9) for v in (0.0, -0.02, -0.05, -0.1, -0.2)]
+
+
+def fastest_table(points: list[dict], quality: str, summary: list[dict], execute: bool) -> list[str]:
+    """Markdown lines: at each quality level, the fastest point over all rules (SD
+    included: exact, it meets every level AR meets up to noise), and each rule's fastest
+    point at that level (- where none of its sweep reaches it)."""
+    rules = [f for f in RULES if any(p["family"] == f for p in points)]
+    out = [f"Fastest rule at each quality level ({quality}; speedup over AR, paired medians):", "",
+           "| quality ≥ | fastest | speedup | " + " | ".join(rules) + " |",
+           "|---" * (3 + len(rules)) + "|"]
+    for words, least in quality_levels(summary, execute):
+        ok = [p for p in points if p["quality"] >= least and p["family"] != "ar"]
+        if not ok:
+            out.append(f"| {words} | none | - | " + " | ".join("-" for _ in rules) + " |")
+            continue
+        best = max(ok, key=lambda p: p["speedup"])
+        cells = []
+        for rule in rules:
+            mine = [p for p in ok if p["family"] == rule]
+            cells.append(f"{max(p['speedup'] for p in mine):.2f}" if mine else "-")
+        out.append(f"| {words} | {best['method']} | {best['speedup']:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def plot_rules(points: list[dict], quality: str, path: Path) -> Path | None:
+    """``path`` (PNG): speedup over AR against quality, one curve per rule (its sweep
+    sorted by quality), AR and SD as single points."""
+    if not points:
+        return None
+    from nsd.bench.plots import _figure
+
+    with _figure(path, (7.5, 5.0)) as ax:
+        for family in RULES:
+            mine = sorted((p for p in points if p["family"] == family), key=lambda p: p["quality"])
+            if mine:
+                ax.plot([p["quality"] for p in mine], [p["speedup"] for p in mine], marker="o", label=family)
+        for family, marker in (("ar", "s"), ("sd", "D")):
+            for p in points:
+                if p["family"] == family:
+                    ax.scatter([p["quality"]], [p["speedup"]], marker=marker, s=60, zorder=3,
+                               color="black" if family == "ar" else "grey", label=family.upper())
+        ax.set_xlabel(quality)
+        ax.set_ylabel("speedup over AR")
+        ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
+        ax.legend()
+    return path
+
+
+def write_rules_plot(run: Path, records: list[dict]) -> Path | None:
+    """``frontier_rules.png`` in the run folder, from its records."""
+    if not records:
+        return None
+    summary = summarize(records, run_methods(records))
+    execute = any(r.get("passed") is not None for r in records)
+    points, quality = frontier_points(summary, execute)
+    return plot_rules(points, quality, run / "frontier_rules.png")

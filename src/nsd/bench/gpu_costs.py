@@ -28,7 +28,8 @@ import torch
 from nsd.draftlen.machine import cpu_description
 from nsd.backends.hf import HFBackend
 from nsd.rules.sampling import SamplingConfig, logits_to_probs, plausibility_probs
-from nsd.rules.verify import RuleConfig, verify
+from nsd.rules.entry import verify
+from nsd.rules.verify import RuleConfig
 
 VOCAB = 151936
 # Public Qwen2.5 configs (config.json of the base models); 0.5B and 1.5B tie embeddings.

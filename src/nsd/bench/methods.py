@@ -2,7 +2,9 @@
 
 A :class:`MethodSpec` is one column of the results. Labels are stable strings (they key
 the journal): ``ar``, ``sd/draft``, ``nsd@0.9/ngram``, ``nsd-budget@B4/draft``,
-``typical/draft``; with several draft lengths (``--ks auto,2,4``) each speculative label
+``typical/draft``, ``topk_delta@K10,d0.6/draft``, ``threshold@s0.5,a1/draft``,
+``fly@h0.3/draft`` (the engines' rules, labelled by their swept knobs: see
+:data:`KNOB_LABELS`); with several draft lengths (``--ks auto,2,4``) each speculative label
 gets a ``/k=…`` suffix. Outside peers: transformers' ``hf-ar``, ``hf-assisted``,
 ``hf-pld``, ``llama-generate`` (llama.cpp's own generation of the target file) and
 ``llama-speculative`` (llama.cpp's own speculative decoding of the same pair; with integer
@@ -12,16 +14,22 @@ gets a ``/k=…`` suffix. Outside peers: transformers' ``hf-ar``, ``hf-assisted`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from nsd import options as optspec
 from nsd.api import GenerationConfig
 from nsd.errors import NSDError
 
 LLAMA_PEERS = ("llama-generate", "llama-speculative")
-FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", "hf-ar", "hf-assisted", "hf-pld") + LLAMA_PEERS
+FAMILIES = ("ar", "sd", "nsd", "nsd-budget", "typical", *optspec.LOSSY_METHODS, "hf-ar", "hf-assisted",
+            "hf-pld") + LLAMA_PEERS
+SPECULATIVE_FAMILIES = ("sd", "nsd", "nsd-budget", "typical", *optspec.LOSSY_METHODS)
+# How a swept knob of an engine's rule shows in a label (topk_delta@K10,d0.6).
+KNOB_LABELS = {"relaxed_topk": "K", "relaxed_delta": "d", "threshold_single": "s",
+               "threshold_acc": "a", "fly_entropy_threshold": "h"}
 
 
 def is_peer_family(family: str) -> bool:
@@ -38,6 +46,7 @@ class MethodSpec:
     theta: float | None = None
     budget: float | None = None
     k: int | str | None = None  # None: the run's --draft-length
+    knobs: tuple[tuple[str, float], ...] = ()  # an engine rule's swept knobs, (name, value)
 
     @property
     def is_hf(self) -> bool:
@@ -74,14 +83,39 @@ class MethodSpec:
         if self.family in ("nsd", "nsd-budget"):
             return dataclasses.replace(base, method="nsd", theta=self.theta,
                                        budget=self.budget if self.budget is not None else math.inf)
-        return dataclasses.replace(base, method=self.family)
+        return dataclasses.replace(base, method=self.family, **dict(self.knobs))
+
+
+def _knob_grid(family: str, sweeps: Mapping[str, Sequence[float]]) -> list[tuple[tuple[str, float], ...]]:
+    """Every combination of ``family``'s swept knobs (its default where none is given)."""
+    names = optspec.SWEEP_KNOBS[family]
+    lists = [list(dict.fromkeys(sweeps.get(n) or [optspec.default(n)])) for n in names]
+    return [tuple(zip(names, values)) for values in itertools.product(*lists)]
+
+
+def _check_sweeps(families: Sequence[str], sweeps: Mapping[str, Sequence[float]]) -> None:
+    """Each swept value in its option's range; a knob swept only with its rule selected."""
+    for name, values in sweeps.items():
+        option = optspec.ALL[name]
+        for value in values:
+            option.check(value, label=option.flag)
+        owner = next(m for m in optspec.LOSSY_METHODS if name in optspec.SWEEP_KNOBS[m])
+        if values and owner not in families:
+            raise NSDError(f"{option.flag} is used only by the {owner} method; add {owner} to --methods")
 
 
 def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Sequence[float],
                    proposers: Sequence[str], budget_theta: float | None = None,
-                   ks: Sequence[int | str] = ()) -> tuple[MethodSpec, ...]:
-    """Every (family × θ/budget × proposer × k) combination, in the order given. Without
-    ``ks`` the speculative methods use the run's draft length and carry no k suffix."""
+                   ks: Sequence[int | str] = (),
+                   sweeps: Mapping[str, Sequence[float]] | None = None) -> tuple[MethodSpec, ...]:
+    """Every (family × θ/budget/knobs × proposer × k) combination, in the order given.
+    Without ``ks`` the speculative methods use the run's draft length and carry no k suffix.
+    ``sweeps``: values per swept knob of the engines' rules (:data:`optspec.LOSSY_SWEEP_KNOBS`); a
+    rule runs once per combination of its knobs' values."""
+    sweeps = {n: list(v) for n, v in (sweeps or {}).items() if v}
+    unknown_knobs = [n for n in sweeps if n not in optspec.LOSSY_SWEEP_KNOBS]
+    if unknown_knobs:
+        raise NSDError(f"{unknown_knobs[0]!r} is not a swept knob; use {', '.join(optspec.LOSSY_SWEEP_KNOBS)}")
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise NSDError(f"unknown method {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
@@ -90,7 +124,7 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         raise NSDError(f"unknown proposer {bad[0]!r}; choose from {', '.join(optspec.PROPOSERS)}")
     if not families:
         raise NSDError("no methods given")
-    if not proposers and any(f in ("sd", "nsd", "nsd-budget", "typical") for f in families):
+    if not proposers and any(f in SPECULATIVE_FAMILIES for f in families):
         raise NSDError("speculative methods need a proposer (--proposers draft,ngram)")
     # Every value given is checked, whether or not a selected method uses it: a typo in a
     # flag is an error, not something the choice of --methods decides to hide.
@@ -106,6 +140,7 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
                            f"plain nsd), got {b:g}")
     if budget_theta is not None:
         optspec.ALL["theta"].check(budget_theta, label="--budget-theta")
+    _check_sweeps(families, sweeps)
     if "nsd" in families and not thetas:
         raise NSDError("nsd needs at least one --theta")
     if "nsd-budget" in families and not budgets:
@@ -138,6 +173,11 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
                 elif family == "nsd-budget":
                     specs += [MethodSpec(f"nsd-budget@B{b:g}/{proposer}{suffix}", family, proposer,
                                          theta=theta_b, budget=b, k=k) for b in dict.fromkeys(budgets)]
+                elif family in optspec.LOSSY_METHODS:
+                    for knobs in _knob_grid(family, sweeps):
+                        tag = ",".join(f"{KNOB_LABELS[n]}{v:g}" for n, v in knobs)
+                        specs.append(MethodSpec(f"{family}@{tag}/{proposer}{suffix}", family, proposer,
+                                                k=k, knobs=knobs))
                 else:
                     specs.append(MethodSpec(f"{family}/{proposer}{suffix}", family, proposer, k=k))
     return tuple(specs)

@@ -45,7 +45,7 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
         scored = [(r, a) for r, a in paired if r["passed"] is not None and a["passed"] is not None]
         rows.append({
             "method": spec.label, "family": spec.family, "proposer": spec.proposer,
-            "theta": spec.theta, "budget": spec.budget, "prompts": len(rs),
+            "theta": spec.theta, "budget": spec.budget, "knobs": dict(spec.knobs), "prompts": len(rs),
             "new_tokens_mean": aggregate.mean(s["new_tokens"] for s in stats),
             "tokens_per_s_median": aggregate.median(r["tokens_per_s"] for r in rs),
             "speedup_vs_ar": _speedup(rates, spec.label, spec.ar_baseline),

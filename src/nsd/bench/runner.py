@@ -153,7 +153,7 @@ class BenchRunner:
         record = {
             "prompt": prompt.uid, "dataset": prompt.dataset, "category": prompt.category,
             "method": spec.label, "family": spec.family, "proposer": spec.proposer,
-            "theta": spec.theta, "budget": spec.budget,
+            "theta": spec.theta, "budget": spec.budget, "knobs": dict(spec.knobs),
             "text": text, "token_ids": list(tokens), "output_ids": output,
             # Visible tokens per second (nsd.bench.speed): a speculative pass can overshoot a
             # stop string by up to k tokens that nobody sees.

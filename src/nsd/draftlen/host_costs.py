@@ -34,8 +34,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from nsd.draftlen.costmodel import StepCosts
-from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from
-from nsd.rules.verify import RuleConfig, verify
+from nsd.rules.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from,
+                          untempered_probs)
+from nsd.rules.entry import verify
+from nsd.rules.verify import RuleConfig
 
 REPEATS = 21
 _PEAK_TOKENS = 32  # tokens carrying most of a synthetic row's mass
@@ -95,7 +97,7 @@ def _spec_pass(logits: torch.Tensor, draft_rows: torch.Tensor, sampling: Samplin
     """The host half of one verification pass over ``logits`` ``[n, V]`` (what
     :func:`nsd.decode.decode` runs between the target forward and the next block)."""
     n = logits.shape[0] - 1
-    if sampling.greedy:
+    if sampling.greedy or rule.argmax_drafts:  # as the proposer drafts for this rule
         q = None
         tokens = draft_rows.argmax(-1)
     else:
@@ -106,11 +108,15 @@ def _spec_pass(logits: torch.Tensor, draft_rows: torch.Tensor, sampling: Samplin
     def run() -> Any:
         probs = logits_to_probs(logits, sampling)
         plaus = plausibility_probs(logits[:n], sampling, probs[:n]) if rule.relaxes else probs[:n]
+        relaxed = untempered_probs(logits[:n], sampling).unsqueeze(0) \
+            if rule.kind == "topk_delta" and not sampling.greedy else None
         return verify(rule, probs.unsqueeze(0), plaus.unsqueeze(0), tokens.unsqueeze(0),
                       None if q is None else q.unsqueeze(0),
                       torch.rand(1, n, dtype=torch.float64, generator=gen),
                       torch.rand(1, dtype=torch.float64, generator=gen), spent,
-                      greedy=sampling.greedy)
+                      greedy=sampling.greedy, relaxed_probs=relaxed,
+                      mix_uniforms=torch.rand(1, n, dtype=torch.float64, generator=gen)
+                      if relaxed is not None and rule.smooth else None)
 
     return run
 
@@ -161,10 +167,10 @@ def measure_host_costs(vocab: int, sampling: SamplingConfig, rule: RuleConfig, n
 def _code_digest() -> str:
     """A digest of the code that is timed: a faster transform or rule in a later version
     must not be priced with the old one's cached costs."""
-    from nsd.rules import sampling, verify
+    from nsd.rules import entry, lossy, sampling, verify
 
     digest = hashlib.sha256()
-    for module in (sampling, verify, sys.modules[__name__]):
+    for module in (sampling, verify, lossy, entry, sys.modules[__name__]):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

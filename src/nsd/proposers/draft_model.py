@@ -22,12 +22,14 @@ class DraftModelProposer(Proposer):
 
     ``q`` is the draft's distribution under the *same* sampling transform as the target
     (temperature, top-k, top-p, min-p), so the exact rule stays exact. Under greedy
-    decoding the drafts are argmaxes and reported as one-hot (``probs=None``).
+    decoding the drafts are argmaxes and reported as one-hot (``probs=None``), and so they
+    are at any temperature with ``argmax`` (the rules defined for argmax drafts only:
+    :data:`nsd.options.ARGMAX_DRAFT_METHODS`; the draft still sees the target's penalties).
     """
 
     def __init__(self, backend: ModelBackend, sampling: SamplingConfig,
                  target_vocab_size: int | None = None, vocab_map: VocabMap | None = None,
-                 reuse_cache: bool = False) -> None:
+                 reuse_cache: bool = False, argmax: bool = False) -> None:
         if vocab_map is not None:
             if backend.vocab_size != len(vocab_map.draft_to_target):
                 raise NSDError("the reduced draft's logits do not match its vocabulary map")
@@ -37,6 +39,7 @@ class DraftModelProposer(Proposer):
                 "logits): the draft must share the target's tokenizer")
         self.backend = backend
         self.sampling = sampling
+        self.argmax = argmax or sampling.greedy
         self.vocab_map = vocab_map  # set for a reduced-vocabulary draft
         # Target-vocabulary tokens whose KV the draft cache holds. With ``reuse_cache``, a
         # cache that says what it holds (left by an earlier generation or restored from a
@@ -75,7 +78,7 @@ class DraftModelProposer(Proposer):
         vmap = self.vocab_map
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
-        greedy = self.sampling.greedy
+        greedy = self.argmax
         history = list(context[self._prompt_length:]) if self._adjust else []
         sampling = self.sampling if self._adjust else self._plain
         for i in range(k):

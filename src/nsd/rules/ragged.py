@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nsd.rules.lossy import set_stats
 from nsd.rules.verify import (BlockOutcome, RuleConfig, charge, first_rejection, relaxation_weights, relaxed_acceptance,
                         relaxed_set_stats)
 
@@ -159,16 +160,20 @@ def verify_ragged(
     greedy_flat = _greedy_flat(is_greedy, cu_num_draft_tokens, num_tokens)  # [T]
     greedy_tok = _pad(greedy_flat, index, False)  # [B, K]
 
-    # --- the rule's per-token quantities, on the flat layout (nsd.rules.verify, unchanged math)
-    in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
+    # --- the rule's per-token quantities, on the flat layout (nsd.rules.verify / nsd.rules.lossy,
+    # unchanged math): the weight w(x) (1 inside a set, 0 outside) and the excess E.
+    if rule.lossy:  # the engines' per-position rules; fly is refused at start-up
+        in_set, excess = set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs, greedy_flat)
+    else:
+        in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
     exact_random = _exact_part(target_probs, draft_probs, safe_tokens, real)  # [T] float64
     hit_argmax = tokens == target_argmax.long()
 
     # --- per position, padded [B, K]
-    in_set = _pad(in_set & real, index, False)
+    in_set = _pad(torch.where(real, in_set.double(), 0.0), index, 0.0)
     excess_rand = _pad(torch.where(real, excess, torch.zeros_like(excess)), index, 0.0)
-    # Greedy: p is one-hot, q is treated as one-hot (greedy drafts), so E = 1[x ∈ N, x ≠ argmax].
-    excess_greedy = (in_set & ~_pad(hit_argmax, index, True)).double()
+    # Greedy: p is one-hot, q is treated as one-hot (greedy drafts), so E = w(x)·1[x ≠ argmax].
+    excess_greedy = in_set * (~_pad(hit_argmax, index, True)).double()
     excess = torch.where(greedy_tok, excess_greedy, excess_rand)
     exact = torch.where(greedy_tok, _pad(hit_argmax & real, index, False).double(),
                         _pad(exact_random, index, 0.0))

@@ -142,8 +142,16 @@ def plausibility_probs(logits: torch.Tensor, config: SamplingConfig,
     (penalties and bias applied, as for ``p``).
     """
     if config.greedy:
-        return torch.softmax(adjust_logits(logits, config, history, drafts).float(), dim=-1)
+        return untempered_probs(logits, config, history, drafts)
     return probs
+
+
+def untempered_probs(logits: torch.Tensor, config: SamplingConfig, history: Sequence[int] = (),
+                     drafts: Sequence[int] = ()) -> torch.Tensor:
+    """The softmax at temperature 1 of the adjusted logits (penalties and bias applied, no
+    temperature or filters): p̂ under greedy decoding, and the law top-K/δ acceptance ranks
+    candidates by at any temperature (TensorRT-LLM and Modular MAX take the raw logits)."""
+    return torch.softmax(adjust_logits(logits, config, history, drafts).float(), dim=-1)
 
 
 # Top-p looks at this many most probable tokens first; only rows whose top mass falls short

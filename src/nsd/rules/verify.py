@@ -36,7 +36,7 @@ from nsd import options
 from nsd.errors import NSDError
 from nsd.rules.sampling import sample_from
 
-RULE_KINDS = ("exact", "nucleus", "typical")
+RULE_KINDS = ("exact", "nucleus", "typical", *options.LOSSY_METHODS)
 
 # Nucleus threshold search looks at this many top tokens first; only rows whose top mass
 # falls short of θ pay for a full sort. LLM nuclei at θ ≤ 0.95 are almost always smaller.
@@ -52,6 +52,9 @@ class RuleConfig:
         ``"nucleus"`` — NSD: also accept draft tokens in ``N_θ(p̂)``.
         ``"typical"`` — Medusa-style: also accept tokens with
         ``p̂(x) > min(epsilon, typical_delta · exp(−H(p̂)))``.
+        ``"topk_delta"``, ``"threshold"``, ``"fly"`` — the engines' rules of
+        :mod:`nsd.rules.lossy` (TensorRT-LLM / Modular MAX, SGLang, vLLM's FLy), with their
+        knobs (``relaxed_*``, ``threshold_*``, ``fly_*``).
     budget:
         Hard cap ``B`` on the summed deviation ``Σ E_t`` of one sequence (``inf`` = none).
     cap:
@@ -68,10 +71,17 @@ class RuleConfig:
     smooth: bool = options.default("smooth")
     typical_epsilon: float = options.default("typical_epsilon")
     typical_delta: float = options.default("typical_delta")
+    relaxed_topk: int = options.default("relaxed_topk")
+    relaxed_delta: float = options.default("relaxed_delta")
+    threshold_single: float = options.default("threshold_single")
+    threshold_acc: float = options.default("threshold_acc")
+    fly_window_size: int = options.default("fly_window_size")
+    fly_entropy_threshold: float = options.default("fly_entropy_threshold")
+    fly_entropy_top_k: int = options.default("fly_entropy_top_k")
 
     def __post_init__(self) -> None:
         if self.kind not in RULE_KINDS:
-            raise NSDError(f"unknown verification rule {self.kind!r}; use exact, nucleus or typical")
+            raise NSDError(f"unknown verification rule {self.kind!r}; use {', '.join(RULE_KINDS)}")
         options.check_fields(self, options.DECODING)  # ranges are defined once, there
 
     @classmethod
@@ -83,10 +93,26 @@ class RuleConfig:
 
     @property
     def relaxes(self) -> bool:
-        """Whether the rule can ever accept beyond the exact test."""
+        """Whether the rule can ever depart from exact speculative sampling."""
         if self.kind == "exact" or self.budget == 0 or self.cap == 0:
             return False
-        return self.kind != "nucleus" or self.theta > 0
+        if self.kind == "nucleus":
+            return self.theta > 0
+        if self.kind == "threshold":
+            return self.threshold_single < 1 or self.threshold_acc < 1
+        if self.kind == "fly":
+            return not math.isinf(self.fly_entropy_threshold)
+        return True  # typical; topk_delta: even K = 1 replaces the sampled verdict by greedy (MAX)
+
+    @property
+    def lossy(self) -> bool:
+        """One of the engines' rules (:mod:`nsd.rules.lossy`), not nsd's own."""
+        return self.kind in options.LOSSY_METHODS
+
+    @property
+    def argmax_drafts(self) -> bool:
+        """Whether the rule is defined for argmax (deterministic) drafts only."""
+        return self.kind in options.ARGMAX_DRAFT_METHODS
 
 
 def method_of_rule(rule: RuleConfig, speculative: bool = True) -> str:
@@ -468,28 +494,3 @@ def charge(spent: torch.Tensor, deviation: torch.Tensor) -> torch.Tensor:
     for t in range(deviation.shape[-1]):
         total = total + deviation[:, t]
     return total
-
-
-def verify(
-    rule: RuleConfig,
-    target_probs: torch.Tensor,  # [B, k+1, V]
-    plaus_probs: torch.Tensor,  # [B, k, V] p̂ at the draft positions (== p unless greedy)
-    draft_tokens: torch.Tensor,  # [B, k]
-    draft_probs: torch.Tensor | None,  # [B, k, V] or None
-    accept_uniforms: torch.Tensor,  # [B, k] float64
-    sample_uniforms: torch.Tensor,  # [B] float64
-    spent: torch.Tensor | None = None,  # [B] float64
-    greedy: torch.Tensor | bool = False,  # [B] bool or one bool: temperature-0 rows
-) -> VerifyResult:
-    """Relaxed set, budget policy and block test in one call.
-
-    ``greedy`` marks rows decoded at temperature 0 (``p`` one-hot): the budget relaxes them
-    all-or-nothing (see :func:`relaxation_weights`).
-    """
-    k = draft_tokens.shape[-1]
-    if spent is None:
-        spent = torch.zeros(draft_tokens.shape[0], dtype=torch.float64, device=draft_tokens.device)
-    in_set, excess = relaxed_set_stats(rule, plaus_probs, target_probs[:, :k], draft_tokens, draft_probs)
-    weights = relaxation_weights(rule, excess, spent, greedy)
-    return verify_block(target_probs, draft_tokens, draft_probs, in_set, excess, weights,
-                        accept_uniforms, sample_uniforms, spent)

@@ -7,9 +7,17 @@ launchers that cannot pass ``--additional-config``.
 
 The keys are the options of :mod:`nsd.options`, spelled as there and as in the server's
 ``nsd`` object (``method``, ``theta``, ``budget``, ``cap``, ``smooth``, ``typical_epsilon``,
-``typical_delta``), with the same defaults and ranges; ``method`` is ``nsd``, ``sd`` or
-``typical`` (vLLM itself decides whether to speculate). The spellings of earlier releases
-(``rule``: nucleus/exact/typical, ``epsilon``, ``delta``) are still read.
+``typical_delta``, ``relaxed_topk``, ``relaxed_delta``, ``threshold_single``,
+``threshold_acc``: :data:`nsd.options.RULE`), with the same defaults and ranges; ``method``
+is ``nsd``, ``sd``, ``typical`` or one of the engines' per-position rules ``topk_delta``
+(TensorRT-LLM's: it relaxes greedy requests; sampled ones are verified exactly, as Modular
+MAX's sampled verdict replaces the residual draw, which this per-position verifier does not
+host) and ``threshold`` (SGLang's: it relaxes sampled requests; greedy ones are argmax
+matching). vLLM itself decides whether to speculate. ``fly`` is refused at start-up: its
+deferral needs the whole block's native decisions before any position's verdict (vLLM runs
+FLy natively: ``rejection_sample_method: "fly"`` without the ``nsd`` section). The
+spellings of earlier releases (``rule``: nucleus/exact/typical, ``epsilon``, ``delta``)
+are still read.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ ENV_VAR = "NSD_VLLM_CONFIG"
 SUPPORTED_VLLM = ((0, 32, 0), (0, 34, 0))  # [min, max)
 SUPPORTED_TEXT = ">=0.32.0,<0.34"
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER=0"  # what selects the V1 model runner
+# FLy's knobs are known keys too: the method itself is refused, by name.
 _KEYS = {*optspec.RULE, "report", "log_requests"}
 # Earlier spellings -> the option they name (and, for ``rule``, its values -> methods).
 _LEGACY = {"rule": "method", "epsilon": "typical_epsilon", "delta": "typical_delta"}
@@ -96,7 +105,12 @@ def build_config(section: Mapping[str, Any]) -> NSDVllmConfig:
         raise NSDError(f"unknown 'nsd' setting(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
     method = section.get("method", optspec.default("method"))
     if method == "ar":
-        raise NSDError("'nsd.method' must be nsd, sd or typical (vLLM decides whether to speculate)")
+        raise NSDError("'nsd.method' must be nsd, sd, typical, topk_delta or threshold (vLLM decides "
+                       "whether to speculate)")
+    if method == "fly":
+        raise NSDError("'nsd.method' fly: the plugin verifies position by position and cannot "
+                       "host FLy (a deferral needs the whole block's native decisions); use "
+                       "vLLM's own rejection_sample_method 'fly' without the 'nsd' section")
     knobs = {}
     for key in optspec.RULE:
         if key == "method":
