@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nsd.backends.llama_cpp import LlamaCppBackend, _import_llama_cpp
+from nsd.backends.llama_cpp import LlamaCppBackend, import_llama_cpp
 from nsd.errors import NSDError
 from nsd.draftlen.machine import cpu_description
 from nsd.models.registry import fetch_gguf
@@ -27,7 +27,7 @@ from nsd.models.weights import gguf_for
 
 
 def _default_head_q4_0(source: Path, out: Path) -> None:
-    lib = _import_llama_cpp()
+    lib = import_llama_cpp()
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize = 2, True  # LLAMA_FTYPE_MOSTLY_Q4_0
     if lib.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params)) != 0:

@@ -137,6 +137,21 @@ def test_rules_at_their_exact_knob_values_reproduce_sd() -> None:
     assert stats.method == "sd"  # a rule that cannot relax is named for what it did
 
 
+def test_topk_delta_with_no_budget_to_spend_is_sd_at_any_temperature() -> None:
+    # Budget 0 or cap 0: the rule cannot relax, so it is the exact rule; at T > 0 it needs
+    # no candidate set (Modular MAX's untempered softmax) and must not ask for one.
+    target = MockLM(vocab_size=24, seed=31, sharpness=1.2)
+
+    def run(rule: RuleConfig):
+        config = DecodeConfig(rule=rule, sampling=SAMPLE, k=4, max_new_tokens=40, seed=5)
+        return decode_mod.run_to_end(decode(target, [1, 2, 3], config, _draft(SAMPLE, True)))
+
+    exact, _ = run(RuleConfig("exact"))
+    for knobs in (dict(budget=0.0), dict(cap=0.0)):
+        tokens, stats = run(RuleConfig("topk_delta", **knobs))
+        assert tokens == exact and stats.deviation == 0.0 and stats.method == "sd"
+
+
 def test_refusals_name_the_rule() -> None:
     target = MockLM(vocab_size=24, seed=31)
     with pytest.raises(NSDError, match="^threshold: .*temperature > 0"):

@@ -508,7 +508,7 @@ class Engine:
 
 def drafts_shape_text(config: DecodeConfig) -> bool:
     """Whether a generation's text depends on which tokens were drafted, not only on its
-    seed: greedy decoding under a rule that can relax (NSD, typical acceptance). A greedy
+    seed: greedy decoding under a rule that can relax (NSD, typical, the engines' rules). A greedy
     exact run emits the target's argmax whatever was drafted."""
     return config.sampling.greedy and method_name(config) in RELAXED_METHODS
 

@@ -165,7 +165,7 @@ def method_report(config: GenerationConfig, effective: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"method": config.method, "effective_method": effective}
     # Those that act on the method asked for: θ, budget and cap, and the swept knobs of
-    # the engines' rules (nsd.options.SWEEP_KNOBS).
+    # the engines' rules (nsd.options.LOSSY_SWEEP_KNOBS).
     for name in ("theta", "budget", "cap", *optspec.LOSSY_SWEEP_KNOBS):
         if optspec.ALL[name].acts_on([config.method]):
             value = getattr(config, name)

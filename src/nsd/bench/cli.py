@@ -57,19 +57,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="draft model sharing the target's tokenizer (default: none for a custom target)")
     add_decoding_args(p, with_method=False,
                       skip=("theta", "budget", "max_new_tokens", *optspec.LOSSY_SWEEP_KNOBS))
-    data = p.add_argument_group("data")
-    data.add_argument("--dataset", type=_csv, default=["humaneval"],
-                      help="comma-separated: spec-bench, humaneval, mt-bench, or a .jsonl file "
-                           "(default: humaneval)")
-    data.add_argument("--prompt-field", default="prompt",
-                      help="text field of a custom .jsonl dataset (a list of turns: the first)")
-    data.add_argument("--limit", type=int, default=None,
-                      help="prompts per dataset (per category with --per-category)")
-    data.add_argument("--per-category", action="store_true", help="apply --limit to each category")
-    data.add_argument("--categories", type=_csv, default=[], help="only these categories, comma-separated")
-    data.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                      help="force the chat template on/off (default: on for instructions, off "
-                           "for HumanEval's code completion)")
+    _add_data_args(p)
     grid = p.add_argument_group("methods")
     grid.add_argument("--methods", type=_csv, default=["ar", "sd", "nsd"],
                       help="comma-separated from ar, sd, nsd, nsd-budget, typical, "
@@ -100,6 +88,31 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                       help=f"new tokens per generation (default {BENCH_MAX_NEW_TOKENS}, longer than "
                            "a plain generation's: HumanEval usually stops earlier at its stop "
                            "sequences)")
+    _add_run_args(p)
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    """Which prompts: datasets, limits, categories, chat template."""
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", type=_csv, default=["humaneval"],
+                      help="comma-separated: spec-bench, humaneval, mt-bench, or a .jsonl file "
+                           "(default: humaneval)")
+    data.add_argument("--prompt-field", default="prompt",
+                      help="text field of a custom .jsonl dataset (a list of turns: the first)")
+    data.add_argument("--limit", type=int, default=None,
+                      help="prompts per dataset (per category with --per-category)")
+    data.add_argument("--per-category", action="store_true", help="apply --limit to each category")
+    data.add_argument("--categories", type=_csv, default=[], help="only these categories, comma-separated")
+    data.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                      help="force the chat template on/off (default: on for instructions, off "
+                           "for HumanEval's code completion)")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """Where results go and how the run behaves: resume, log-likelihood, HumanEval execution,
+    load flags, warm-up, plots, progress."""
     run = p.add_argument_group("run")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: results/<dataset>)")
     run.add_argument("--overwrite", action="store_true",
@@ -124,8 +137,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                      help="skip the short untimed warm-up calls")
     run.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.set_defaults(func=cmd_bench)
-    return p
 
 
 def _settings(args: argparse.Namespace, base) -> dict:

@@ -211,6 +211,10 @@ def verify_lossy(
         weights = relaxation_weights(rule, excess, spent, greedy)
         return verify_block(target_probs, draft_tokens, None, weight, excess, weights,
                             accept_uniforms, sample_uniforms, spent)
+    if not rule.relaxes:  # budget or cap 0: the exact rule, which needs no candidate set
+        zeros = torch.zeros(batch, k, dtype=torch.float64, device=draft_tokens.device)
+        return verify_block(target_probs, draft_tokens, None, zeros, zeros, zeros,
+                            accept_uniforms, sample_uniforms, spent)
     tok = draft_tokens.unsqueeze(-1)
     p_x = target_probs[:, :k].gather(-1, tok).squeeze(-1).double()  # [B, k]
     if relaxed_probs is None:

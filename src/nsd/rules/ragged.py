@@ -160,12 +160,8 @@ def verify_ragged(
     greedy_flat = _greedy_flat(is_greedy, cu_num_draft_tokens, num_tokens)  # [T]
     greedy_tok = _pad(greedy_flat, index, False)  # [B, K]
 
-    # --- the rule's per-token quantities, on the flat layout (nsd.rules.verify / nsd.rules.lossy,
-    # unchanged math): the weight w(x) (1 inside a set, 0 outside) and the excess E.
-    if rule.lossy:  # the engines' per-position rules; fly is refused at start-up
-        in_set, excess = set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs, greedy_flat)
-    else:
-        in_set, excess = relaxed_set_stats(rule, target_probs, target_probs, safe_tokens, draft_probs)
+    # --- the rule's per-token quantities, on the flat layout
+    in_set, excess = _set_stats(rule, target_probs, safe_tokens, draft_probs, greedy_flat)
     exact_random = _exact_part(target_probs, draft_probs, safe_tokens, real)  # [T] float64
     hit_argmax = tokens == target_argmax.long()
 
@@ -204,6 +200,21 @@ def verify_ragged(
         # Left to right, in the budget scan's order: a pairwise sum can round an ulp past B.
         spent=charge(spent, outcome.deviation),
     )
+
+
+def _set_stats(
+    rule: RuleConfig,
+    target_probs: torch.Tensor,  # [T, V]
+    tokens: torch.Tensor,  # [T] int, padding clamped to 0
+    draft_probs: torch.Tensor | None,  # [T, V] or None
+    greedy_flat: torch.Tensor,  # [T] bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule's weight ``w(x)`` (1 inside a set, 0 outside) and excess ``E`` per token,
+    by the local verifier's own functions (:mod:`nsd.rules.verify`, :mod:`nsd.rules.lossy`):
+    the math is not restated here."""
+    if rule.lossy:  # the engines' per-position rules; fly is refused at start-up
+        return set_stats(rule, target_probs, target_probs, tokens, draft_probs, greedy_flat)
+    return relaxed_set_stats(rule, target_probs, target_probs, tokens, draft_probs)
 
 
 def _sampled_decisions(

@@ -67,11 +67,6 @@ class _Served:
     started: int
 
 
-def _json_number(value: Any) -> Any:
-    """JSON has no infinity: an unlimited budget or cap is reported as null."""
-    return None if isinstance(value, float) and math.isinf(value) else value
-
-
 def create_app(engine: Any, config: ServerConfig, load_engine: Callable[[], Any] | None = None,
                on_loaded: Callable[[BaseException | None], None] | None = None) -> FastAPI:
     """The app for ``engine`` (an :class:`nsd.api.Engine` or anything with its ``encode``,
