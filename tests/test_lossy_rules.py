@@ -26,13 +26,13 @@ from nsd.rules.lossy import (
     verify_lossy,
 )
 from nsd.rules.entry import verify
+from test_verify import _random_dist
 from nsd.rules.verify import RuleConfig
 
 V = 8
 
 
-def _dist(gen: torch.Generator, n: int, v: int = V, sharp: float = 2.0) -> torch.Tensor:
-    return torch.softmax(sharp * torch.randn(n, v, generator=gen, dtype=torch.float64), dim=-1)
+_dist = _random_dist  # the same random distributions as the nucleus tests draw
 
 
 def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:

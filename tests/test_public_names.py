@@ -41,3 +41,13 @@ def test_vllm_extra_installs_a_version_the_plugin_supports() -> None:
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["vllm"] == [f"vllm{SUPPORTED_TEXT}"]
+
+
+def test_engine_by_name_points_to_load_engine() -> None:
+    # Engine() takes loaded models now; the old call by name gets a one-line refusal that
+    # names the factory, not an AttributeError from deep inside.
+    from nsd.api import Engine
+    from nsd.errors import NSDError
+
+    with pytest.raises(NSDError, match="load_engine"):
+        Engine("qwen2.5-coder-1.5b-instruct", None)

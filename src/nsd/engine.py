@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Generator, Mapping, Sequence
 
 import torch
@@ -125,6 +126,9 @@ class Engine:
         :meth:`from_backends` wraps bare backends). ``model_names``: the registry names that
         key stored acceptance priors. ``shared``: what the slots of :meth:`batched` share
         with the engine they were made from (its measured costs, the batch's plan)."""
+        if isinstance(target, (str, Path)):  # the constructor before load_engine existed
+            raise NSDError("Engine takes loaded models; load one by name or path with "
+                           "nsd.api.load_engine(target, draft=...)")
         proposer = proposer or default_proposer(draft is not None)
         if proposer not in PROPOSERS:
             raise NSDError(f"unknown proposer {proposer!r}; choose {', '.join(PROPOSERS)}")
