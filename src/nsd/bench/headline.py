@@ -90,6 +90,23 @@ FRONTIER: tuple[RunRef, ...] = (
 VLLM = RunRef("vllm", "vnni", "HumanEval 5 + Spec-Bench 5, T = 0 and 0.8", "7cd5386",
               ".venv-vllm/bin/python benchmarks/vllm_bench.py --limit 5 --max-tokens 128 "
               "--out benchmarks/results/vllm", "draft")
+@dataclass(frozen=True)
+class KernelRef:
+    """One cited kernel measurement (``benchmarks/verify_kernel.py --out``): both paths'
+    step costs in one interleaved run, their agreement and the batch-invariance check."""
+
+    path: str  # the JSON under benchmarks/results/
+    cpu: str  # a CpuClass key
+    commit: str  # the commit that wrote the JSON into the repository
+    command: str
+
+
+KERNELS = (
+    KernelRef("avx2/verify_kernel_avx2_zen3.json", "avx2", "beea9de",
+              "python benchmarks/verify_kernel.py --kernel avx2 --target qwen2.5-coder-1.5b-instruct "
+              "--weights q4_0 --threads 2 --repeats 7 --ns 1,2,3,4,5,6,7,8,9,16 "
+              "--out benchmarks/results/avx2/verify_kernel_avx2_zen3.json"),
+)
 PICTURE = "frontier/humaneval-t0/speedup_vs_pass_change.png"  # the README's one picture
 
 
@@ -185,6 +202,36 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
     return "\n".join(lines)
 
 
+def kernel_block(root: Path, ref: KernelRef) -> str:
+    """c(n)/c(1) of ggml's path and nsd's kernel side by side, the one-token step's ratio,
+    their agreement and which batch sizes kept every row bitwise the one-token step's."""
+    path = root / RESULTS / ref.path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the kernel run ({exc})") from None
+    theirs, ours = data["paths"]  # ggml's first, as verify_kernel.py writes them
+    ns = sorted(data["paths"][ours]["ratio"], key=int)
+    table = ["| n | " + " | ".join(ns) + " |", "|---" * (len(ns) + 1) + "|"]
+    for name in (theirs, ours):
+        ratios = data["paths"][name]["ratio"]
+        table.append(f"| {name} c(n)/c(1) | " + " | ".join(f"{ratios[n]:.2f}" for n in ns) + " |")
+    one = data["paths"][ours]["c_ms"]["1"] / data["paths"][theirs]["c_ms"]["1"]
+    agree = [v["new vs old"] for n, v in data["agreement"].items() if n.isdigit()]
+    invariant = {name: [n for n in ns if data["batch_rows_equal_one_token_steps"][name][n]]
+                 for name in (theirs, ours)}
+    cpu = data["cpu"]
+    return "\n".join([
+        f"Run `{RESULTS}/{ref.path}` (CPU as recorded: {cpu['model']}, {cpu['cores']} cores; "
+        f"{data['weights']} weights, {data['threads']} threads, {data['prompt_tokens']}-token prompt, "
+        f"median of {data['repeats']}, both paths in each repetition), committed in {ref.commit}. Command:",
+        "", "```bash", ref.command, "```", "", *table, "",
+        f"One-token step: {ours} / {theirs} = {one:.2f}. Argmax agreement with {theirs} "
+        f"{min(a['argmax_agree'] for a in agree):.3f} at every n (softmax TV at most "
+        f"{max(a['tv_max'] for a in agree):.3f}). Batch rows bitwise equal to one-token steps at "
+        + "; ".join(f"{name}: n = {', '.join(invariant[name]) or 'none'}" for name in (theirs, ours)) + "."])
+
+
 def vllm_block(root: Path) -> str:
     path = root / RESULTS / VLLM.path / "results.json"
     try:
@@ -224,6 +271,8 @@ def blocks(root: Path) -> dict[str, str]:
     out["targets"] = targets_block(root)
     out["frontier"] = "\n\n".join(run_block(root, r, fidelity=True) for r in FRONTIER)
     out["vllm"] = vllm_block(root)
+    for ref in KERNELS:
+        out[f"kernel-{ref.cpu}"] = kernel_block(root, ref)
     return out
 
 
