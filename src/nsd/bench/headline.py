@@ -232,6 +232,45 @@ def kernel_block(root: Path, ref: KernelRef) -> str:
         + "; ".join(f"{name}: n = {', '.join(invariant[name]) or 'none'}" for name in (theirs, ours)) + "."])
 
 
+SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
+                 "python benchmarks/serve_soak.py --minutes 20 --clients 4 "
+                 "--json benchmarks/results/serve/soak-20min-zen3.json -- --target smollm2-135m-instruct "
+                 "--proposer ngram --n-ctx 2048 --threads 1")
+
+
+def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
+    """The server soak (benchmarks/serve_soak.py): requests and statuses per kind, 5xx,
+    latency, greedy answers against their run alone, prompt reuse after a dropped stream,
+    and resident memory beside the prompt cache's bytes over the run."""
+    path = root / RESULTS / ref.path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the soak run ({exc})") from None
+    table = ["| kind | requests | statuses | p50 s | p95 s |", "|---|---|---|---|---|"]
+    for kind, row in data["by_kind"].items():
+        statuses = ", ".join(f"{n} × {code}" for code, n in sorted(row["statuses"].items()))
+        table.append(f"| {kind} | {row['count']} | {statuses} | {_f(row['p50_s'])} | {_f(row['p95_s'])} |")
+    mib = 2 ** 20
+    samples = data["samples"]
+    full = next(s for s in samples if s["nsd_prefix_cache_bytes_held"] >= 0.9 * s["nsd_prefix_cache_budget_bytes"])
+    after = [s["process_resident_memory_bytes"] / mib for s in samples if s["t_s"] >= full["t_s"]]
+    checks = ", ".join(f"{name.replace('_', ' ')}: {'yes' if ok else 'no'}" for name, ok in data["checks"].items())
+    return "\n".join([
+        f"Run `{RESULTS}/{ref.path}`: {data['minutes']:g} minutes, {data['settings']['clients']} clients on "
+        f"the loopback, committed in {ref.commit}. Command:", "", "```bash", ref.command, "```", "", *table, "",
+        f"{data['requests']} requests; 5xx: {data['server_errors_5xx']}; transport errors: "
+        f"{len(data['transport_errors'])}; bad inputs with another status than their 4xx: "
+        f"{data['bad_inputs_wrong_status']}. Greedy answers checked against their run alone: "
+        f"{data['greedy_checked']}, of which {len(data['greedy_mismatches'])} differed "
+        + "; ".join(f"({m['expected']!r} alone, {m['got']!r} in the batch)" for m in data["greedy_mismatches"][:3])
+        + f". Follow-ups right after a dropped stream reusing its prompt: {data['follow_ups_after_drop_reusing']} "
+        f"of {data['follow_ups_after_drop']} (on average {data['follow_up_cached_share']:.2f} of the prompt cached). "
+        f"Resident memory {samples[0]['process_resident_memory_bytes'] / mib:.0f} MiB at the start; the prompt "
+        f"cache reached its {data['cache_budget_mb']:.0f} MiB limit at {full['t_s'] / 60:.1f} min, after which "
+        f"memory stayed between {min(after):.0f} and {max(after):.0f} MiB. The soak's own checks: {checks}."])
+
+
 def vllm_block(root: Path) -> str:
     path = root / RESULTS / VLLM.path / "results.json"
     try:
@@ -273,6 +312,7 @@ def blocks(root: Path) -> dict[str, str]:
     out["vllm"] = vllm_block(root)
     for ref in KERNELS:
         out[f"kernel-{ref.cpu}"] = kernel_block(root, ref)
+    out["soak"] = soak_block(root)
     return out
 
 
