@@ -65,6 +65,9 @@ _ZEN4 = "OUT_ROOT=benchmarks/results/zen4-2026-12-07 bash benchmarks/run_noamx.s
 _ZEN4_HOST = ("OUT_ROOT=benchmarks/results/zen4-host bash benchmarks/run_noamx.sh humaneval164-t0-hybrid "
               "spec-bench-t0.8-hybrid-x3 humaneval-t0.8-hybrid")
 _FRONTIER = "bash benchmarks/run_frontier.sh"
+_ZEN3 = ("nsd bench --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --theta 0.9 "
+         "--max-new-tokens 128 --no-progress --rerun-loaded --dataset humaneval --limit 20 "
+         "--methods ar,sd,nsd,llama-generate --out benchmarks/results/zen3/humaneval20-t0")
 
 RUNS: tuple[RunRef, ...] = (
     RunRef("amx/humaneval-t0", "amx", "HumanEval-40, T = 0", "444df9f", _AMX, "draft", True),
@@ -77,6 +80,7 @@ RUNS: tuple[RunRef, ...] = (
     RunRef("zen4-host/humaneval-t0.8-hybrid", "vnni", "HumanEval-40, T = 0.8", "12bf785", _ZEN4_HOST, "hybrid"),
     RunRef("zen4-host/spec-bench-t0.8-hybrid-x3", "vnni", "Spec-Bench 13×3, T = 0.8", "12bf785", _ZEN4_HOST,
            "hybrid"),
+    RunRef("zen3/humaneval20-t0", "avx2", "HumanEval-20, T = 0", "bdd65bb", _ZEN3, "hybrid", True),
 )
 
 # The quality-speed frontier: θ, budgets and typical acceptance at a fixed k = 4 (Zen 4,
