@@ -112,13 +112,19 @@ def run_level(url: str, model: str, method: str, clients: int, requests: int,
     return samples, time.perf_counter() - start
 
 
+def metric_values(url: str, names: tuple[str, ...], timeout: float = 30.0) -> dict[str, float]:
+    """The current values of the server's unlabelled metrics ``names`` (those it exports)."""
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=timeout).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            values[name] = float(value)
+    return values
+
+
 def batch_counters(url: str) -> tuple[float, float]:
     """The server's (batched forwards, sequences they carried) so far."""
-    values = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        for name in ("nsd_batch_forwards_total", "nsd_batch_sequences_total"):
-            if line.startswith(name + " "):
-                values[name] = float(line.rsplit(" ", 1)[1])
+    values = metric_values(url, ("nsd_batch_forwards_total", "nsd_batch_sequences_total"))
     return values.get("nsd_batch_forwards_total", 0.0), values.get("nsd_batch_sequences_total", 0.0)
 
 

@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import percentile, started_server  # noqa: E402
+from serve_load import metric_values, percentile, started_server  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_TOKENS = 16
@@ -172,14 +172,8 @@ class Soak:
 
 
 def scrape(url: str) -> dict[str, float]:
-    wanted = ("process_resident_memory_bytes", "nsd_prefix_cache_bytes_held",
-              "nsd_prefix_cache_budget_bytes", "nsd_prefix_cache_entries")
-    out = {}
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in wanted:
-            out[name] = float(value)
-    return out
+    return metric_values(url, ("process_resident_memory_bytes", "nsd_prefix_cache_bytes_held",
+                               "nsd_prefix_cache_budget_bytes", "nsd_prefix_cache_entries"))
 
 
 def monitor(url: str, start: float, stop: threading.Event, every_s: float,
