@@ -26,11 +26,12 @@
 # FRONTIER_SMOKE=1 checks the tooling end to end in minutes, measuring nothing: two values
 # per knob, the first 2 prompts, 32 new tokens, results under benchmarks/results/frontier-smoke.
 #
-# Results: benchmarks/results/frontier/<name>/{report.md,results.json,journal.jsonl,*.png}
+# Results: benchmarks/results/frontier/<name>/{report.md,results.json,journal.jsonl,*.png}, or
+# FRONTIER_OUT/<name> where that is set (a run of the same grid on another machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/bench_grid.sh
-OUT=benchmarks/results/frontier
+OUT=${FRONTIER_OUT:-benchmarks/results/frontier}
 THETA=0.5,0.7,0.9,0.95 DELTA=0.2,0.4,0.6,0.8 SINGLE=0.3,0.5,0.7,0.9 ENTROPY=0.1,0.3,0.6,1.0
 SMOKE=()
 if [[ "${FRONTIER_SMOKE:-0}" == 1 ]]; then
