@@ -104,8 +104,23 @@ class KernelRef:
     commit: str  # the commit that wrote the JSON into the repository
     command: str
 
+    @property
+    def block(self) -> str:
+        """The name of its generated block: the file's name without .json, with dashes."""
+        return "kernel-" + Path(self.path).stem.replace("_", "-")
 
+
+_VK = "python benchmarks/verify_kernel.py "
 KERNELS = (
+    KernelRef("verify_kernel.json", "amx", "068c68e",
+              _VK + "--kernel amx --target qwen2.5-coder-1.5b-instruct --repeats 9 "
+              "--ns 1,2,3,4,5,6,7,8,9,10,11,12,17 --out benchmarks/results/verify_kernel.json"),
+    KernelRef("verify_kernel_vnni_zen4_runE.json", "vnni", "1030098",
+              "GGML_NO_AMX=1 " + _VK + "--kernel vnni --repeats 9 --ns 1,2,3,4,5,6,7,8,9,12,16,17 "
+              "--out benchmarks/results/verify_kernel_vnni_zen4_runE.json"),
+    KernelRef("verify_kernel_vnni_zen4_runF.json", "vnni", "1030098",
+              "GGML_NO_AMX=1 " + _VK + "--kernel vnni --repeats 9 --ns 1,2,3,4,5,6,7,8,9,12,16,17 "
+              "--out benchmarks/results/verify_kernel_vnni_zen4_runF.json"),
     KernelRef("avx2/verify_kernel_avx2_zen3_quiet.json", "avx2", "07c2043",
               "python benchmarks/verify_kernel.py --kernel avx2 --target qwen2.5-coder-1.5b-instruct "
               "--weights q4_0 --threads 2 --repeats 7 --ns 1,2,3,4,5,6,7,8,9,16 "
@@ -229,18 +244,19 @@ def kernel_block(root: Path, ref: KernelRef) -> str:
                  + " | ".join(f"{data['paths'][ours]['c_ms'][n] / base:.2f}" for n in ns) + " |")
     one = data["paths"][ours]["c_ms"]["1"] / data["paths"][theirs]["c_ms"]["1"]
     agree = [v["new vs old"] for n, v in data["agreement"].items() if n.isdigit()]
-    invariant = {name: [n for n in ns if data["batch_rows_equal_one_token_steps"][name][n]]
-                 for name in (theirs, ours)}
     cpu = data["cpu"]
+    # runs made before verify_kernel.py checked batch invariance do not say
+    rows = data.get("batch_rows_equal_one_token_steps")
+    invariance = "" if rows is None else " Batch rows bitwise equal to one-token steps at " + "; ".join(
+        f"{name}: n = {', '.join(n for n in ns if rows[name][n]) or 'none'}" for name in (theirs, ours)) + "."
     return "\n".join([
-        f"Run `{RESULTS}/{ref.path}` (CPU as recorded: {cpu['model']}, {cpu['cores']} cores; "
+        f"Run `{RESULTS}/{ref.path}` (CPU as recorded: {cpu['model']}, {cpu['cores']} cores, AMX {cpu['amx']}; "
         f"{data['weights']} weights, {data['threads']} threads, {data['prompt_tokens']}-token prompt, "
         f"median of {data['repeats']}, both paths in each repetition), committed in {ref.commit}. Command:",
         "", "```bash", ref.command, "```", "", *table, "",
         f"One-token step: {ours} / {theirs} = {one:.2f}. Argmax agreement with {theirs} "
         f"{min(a['argmax_agree'] for a in agree):.3f} at every n (softmax TV at most "
-        f"{max(a['tv_max'] for a in agree):.3f}). Batch rows bitwise equal to one-token steps at "
-        + "; ".join(f"{name}: n = {', '.join(invariant[name]) or 'none'}" for name in (theirs, ours)) + "."])
+        f"{max(a['tv_max'] for a in agree):.3f})." + invariance])
 
 
 SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
@@ -322,7 +338,7 @@ def blocks(root: Path) -> dict[str, str]:
     out["frontier"] = "\n\n".join(run_block(root, r, fidelity=True) for r in FRONTIER)
     out["vllm"] = vllm_block(root)
     for ref in KERNELS:
-        out[f"kernel-{ref.cpu}"] = kernel_block(root, ref)
+        out[ref.block] = kernel_block(root, ref)
     out["soak"] = soak_block(root)
     return out
 
