@@ -23,6 +23,9 @@
 #
 #   bash benchmarks/run_frontier.sh [specbench-t0 specbench-t0.8 humaneval-t0 humaneval-t0.8]
 #
+# FRONTIER_ARGS adds arguments to every run (for example FRONTIER_ARGS="--limit 40" for the first 40
+# HumanEval problems where the whole grid would not fit the time at hand).
+#
 # FRONTIER_SMOKE=1 checks the tooling end to end in minutes, measuring nothing: two values
 # per knob, the first 2 prompts, 32 new tokens, results under benchmarks/results/frontier-smoke.
 #
@@ -34,6 +37,7 @@ source benchmarks/bench_grid.sh
 OUT=${FRONTIER_OUT:-benchmarks/results/frontier}
 THETA=0.5,0.7,0.9,0.95 DELTA=0.2,0.4,0.6,0.8 SINGLE=0.3,0.5,0.7,0.9 ENTROPY=0.1,0.3,0.6,1.0
 SMOKE=()
+read -r -a EXTRA <<< "${FRONTIER_ARGS:-}"
 if [[ "${FRONTIER_SMOKE:-0}" == 1 ]]; then
     OUT=benchmarks/results/frontier-smoke
     THETA=0.5,0.9 DELTA=0.3,0.6 SINGLE=0.3,0.7 ENTROPY=0.1,0.6
@@ -49,10 +53,10 @@ T08=(--methods ar,sd,nsd,nsd-budget,typical,topk_delta,threshold,fly --threshold
 names=(${@:-specbench-t0 specbench-t0.8 humaneval-t0 humaneval-t0.8})
 for name in "${names[@]}"; do
     case "$name" in
-        humaneval-t0)   run "$name" --dataset humaneval --max-new-tokens 256 "${T0[@]}" "${SMOKE[@]}" ;;
-        specbench-t0)   run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 "${T0[@]}" "${SMOKE[@]}" ;;
-        humaneval-t0.8) run "$name" --dataset humaneval --max-new-tokens 256 "${T08[@]}" "${SMOKE[@]}" ;;
-        specbench-t0.8) run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 "${T08[@]}" "${SMOKE[@]}" ;;
+        humaneval-t0)   run "$name" --dataset humaneval --max-new-tokens 256 "${T0[@]}" "${SMOKE[@]}" "${EXTRA[@]}" ;;
+        specbench-t0)   run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 "${T0[@]}" "${SMOKE[@]}" "${EXTRA[@]}" ;;
+        humaneval-t0.8) run "$name" --dataset humaneval --max-new-tokens 256 "${T08[@]}" "${SMOKE[@]}" "${EXTRA[@]}" ;;
+        specbench-t0.8) run "$name" --dataset spec-bench --limit 3 --per-category --max-new-tokens 128 "${T08[@]}" "${SMOKE[@]}" "${EXTRA[@]}" ;;
         *) echo "unknown run $name" >&2; exit 2 ;;
     esac
 done
