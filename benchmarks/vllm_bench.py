@@ -52,6 +52,7 @@ from nsd.aggregate import median
 from nsd.bench.datasets import BenchPrompt, DatasetConfig, load_prompts
 from nsd.bench.humaneval_exec import is_scored, score_humaneval, stops_for
 from nsd.bench.schedule import method_order, missing
+from nsd.bench.plots import plot_vllm_speedups
 from nsd.bench.speed import visible_tokens
 from nsd.bench.store import JOURNAL, Journal, write_json_atomic, write_text_atomic
 from nsd.bench.vllm_report import (ENGINES, REPORT, RESULTS, engine_methods, render_report, row_key,
@@ -61,6 +62,7 @@ from nsd.draftlen.machine import cpu_description
 
 MODELS = Path(os.environ.get("NSD_CACHE", Path.home() / ".cache" / "nsd")) / "models"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "vllm"
+PLOT = "vllm_speedups.png"
 
 
 def settings_of(args: argparse.Namespace) -> dict:
@@ -222,7 +224,16 @@ def main() -> None:
     ap.add_argument("--overwrite", action="store_true", help="discard the run already in --out")
     ap.add_argument("--exec-timeout", type=float, default=10.0, help="seconds per HumanEval test")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one engine, in a child
+    ap.add_argument("--plot-only", action="store_true",
+                    help=f"only draw {PLOT} from the run's {RESULTS} in --out (no vLLM needed)")
     args = ap.parse_args()
+    if args.plot_only:
+        try:
+            summary = json.loads((args.out / RESULTS).read_text(encoding="utf-8"))["summary"]["All prompts"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"vllm_bench: cannot read {args.out / RESULTS} ({exc})") from None
+        print(plot_vllm_speedups(summary, args.out / PLOT) or "nothing to plot")
+        return
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
     names = args.engines.split(",")
     if unknown := set(names) - set(ENGINES):
@@ -263,6 +274,7 @@ def main() -> None:
     write_json_atomic(args.out / RESULTS, {"settings": settings, "environment": env,
                                            "summary": {t: s for t, s in sections}, "rows": rows})
     write_text_atomic(args.out / REPORT, text)
+    plot_vllm_speedups(sections[0][1], args.out / PLOT)
     print("\n" + text)
 
 

@@ -90,6 +90,18 @@ def test_speeds_are_paired_per_prompt_and_temperature() -> None:
     assert "| 2.00x | 0.50x |" in vb.format_row(table[("NSD", 0.0)])
 
 
+
+def test_speedup_plot_draws_the_summary_and_skips_an_empty_one(tmp_path: Path) -> None:
+    from nsd.bench.plots import plot_vllm_speedups
+
+    rows = [row(u, vb.PLAIN, t, n, 1.0) for u, n in (("a", 1), ("b", 2)) for t in (0.0, 0.8)]
+    rows += [row(u, "NSD", t, 2 * n, 1.0, led=ledger(n, 2 * n, 0.5, [n], [n]))
+             for u, n in (("a", 1), ("b", 2)) for t in (0.0, 0.8)]
+    table = vb.summary_table(rows, [vb.PLAIN, "NSD"], [0.0, 0.8])
+    out = plot_vllm_speedups(table, tmp_path / "p.png")
+    assert out == tmp_path / "p.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_vllm_speedups([], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
 def test_markdown_table_with_pass_at_1_interval() -> None:
     rows = [row("humaneval:0", "vLLM+NSD θ0.9", 0.0, 10, 2.0, passed=True, flagged=True,
                 led=ledger(2, 10, 0.25, [2, 2, 1], [2, 1, 0]))]

@@ -306,7 +306,8 @@ def vllm_block(root: Path) -> str:
         raise NSDError(f"{path}: cannot read the vLLM run ({exc})") from None
     lines = [f"Run `{RESULTS}/{VLLM.path}/` ({'; '.join(results['environment'])}), committed in "
              f"{VLLM.commit}. Command:", "", "```bash", VLLM.command, "```", "",
-             *vllm_report.render_table(results["summary"]["All prompts"])]
+             *vllm_report.render_table(results["summary"]["All prompts"]), "",
+             f"![each vLLM method's speed over vLLM plain, with its D/token]({RESULTS}/{VLLM.path}/vllm_speedups.png)"]
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@
 * ``deviation_vs_loglik.png``: measured D/token against the change in the target's mean
   log-likelihood of the outputs (paired 95% interval).
 * ``acceptance_by_position.png``: P(draft position i accepted | reached), one line per method.
+* ``vllm_speedups.png`` (``benchmarks/vllm_bench.py``): each vLLM method's speed over vLLM
+  plain, one bar per temperature, labelled with its D/token.
 """
 
 from __future__ import annotations
@@ -182,3 +184,30 @@ def write_plots(summary: Sequence[dict], out_dir: Path) -> list[Path]:
             plot_deviation_vs_loglik(summary, out_dir / "deviation_vs_loglik.png"),
             plot_acceptance_by_position(summary, out_dir / "acceptance_by_position.png")]
     return [p for p in made if p is not None]
+
+
+def plot_vllm_speedups(summary: Sequence[dict], path: Path) -> Path | None:
+    """Bars of ``vs_plain`` per method (rows of nsd.bench.vllm_report.summary_table), one
+    per temperature side by side, each labelled with the method's measured D/token."""
+    methods = list(dict.fromkeys(r["method"] for r in summary))
+    temps = sorted({r["temperature"] for r in summary})
+    cell = {(r["method"], r["temperature"]): r for r in summary}
+    if not methods or not any(_ok(r.get("vs_plain")) for r in summary):
+        return None
+    width = 0.8 / len(temps)
+    with _figure(path, (7.5, 4.0)) as ax:
+        for j, t in enumerate(temps):
+            xs = [i + (j - (len(temps) - 1) / 2) * width for i in range(len(methods))]
+            rows = [cell.get((m, t)) for m in methods]
+            ys = [r["vs_plain"] if r and _ok(r.get("vs_plain")) else 0.0 for r in rows]
+            bars = ax.bar(xs, ys, width=width, label=f"T = {t:g}")
+            for bar, r in zip(bars, rows):
+                if r and _ok(r.get("d_per_token")):
+                    ax.annotate(f"D {r['d_per_token']:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=6)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(methods)))
+        ax.set_xticklabels(methods, rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel("speed over vLLM plain (paired median)")
+        ax.legend(fontsize=7)
+    return path
