@@ -298,6 +298,34 @@ def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
         f"memory stayed between {min(after):.0f} and {max(after):.0f} MiB. The soak's own checks: {checks}."])
 
 
+FORMATS = KernelRef("weight_formats_1.5b.json", "vnni", "08ff267",
+                    "python benchmarks/weight_formats.py --model qwen2.5-coder-1.5b-instruct --repeats 9 "
+                    "--problems 20 --out benchmarks/results/weight_formats_1.5b.json")
+
+
+def formats_block(root: Path, ref: KernelRef = FORMATS) -> str:
+    """What each weight format costs in quality (benchmarks/weight_formats.py): size,
+    perplexity of held-in text and argmax agreement with the original file. Its timings are
+    left out when the run was flagged as loaded (they were, for this run)."""
+    path = root / RESULTS / ref.path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the weight-format run ({exc})") from None
+    base = data["rows"][0]["perplexity"]  # the original file comes first
+    table = ["| format | file | MiB | perplexity | vs original | argmax = original |", "|---|---|---|---|---|---|"]
+    table += [f"| {r['format']} | `{r['file']}` | {r['size_mib']:.0f} | {r['perplexity']:.3f} | {r['perplexity'] / base - 1:+.1%} | "
+              f"{r['argmax_agreement_with_original']:.3f} |" for r in data["rows"]]
+    loaded = data.get("load", {}).get("flagged")
+    cpu = data["cpu"]
+    return "\n".join([
+        f"Run `{RESULTS}/{ref.path}` ({data['model']}; {data['held_in_tokens']} held-in tokens of HumanEval "
+        f"problems with their canonical solutions; CPU as recorded: {cpu['model']}, {cpu['cores']} cores), "
+        f"committed in {ref.commit}. Command:", "", "```bash", ref.command, "```", "", *table, "",
+        "Its step-cost columns are not shown: the run was flagged as made under load." if loaded else
+        "Step costs per format: `c_ms` in the run's JSON."])
+
+
 def vllm_block(root: Path) -> str:
     path = root / RESULTS / VLLM.path / "results.json"
     try:
@@ -341,6 +369,7 @@ def blocks(root: Path) -> dict[str, str]:
     for ref in KERNELS:
         out[ref.block] = kernel_block(root, ref)
     out["soak"] = soak_block(root)
+    out["formats"] = formats_block(root)
     return out
 
 
