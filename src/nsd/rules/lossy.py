@@ -77,10 +77,12 @@ Everything is vectorised over the batch and vocabulary; Python loops run over k 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from nsd.errors import NSDError
-from nsd.rules.sampling import sample_from
+from nsd.rules.sampling import SamplingConfig, sample_from, untempered_probs
 from nsd.rules.verify import RuleConfig, VerifyResult, charge, relaxation_weights, verify_block
 
 # The rules' knobs live on :class:`nsd.rules.verify.RuleConfig` (kinds ``topk_delta``,
@@ -100,6 +102,34 @@ def topk_delta_mask(relaxed_probs: torch.Tensor, topk: int, delta: float) -> tor
     top = torch.topk(probs, min(topk, probs.shape[-1]), dim=-1).values  # [..., K] descending
     kth, best = top[..., -1:], top[..., :1]
     return (probs >= kth) & (probs >= best - delta) & (probs > 0)  # δ ≥ 0 keeps the top-1
+
+
+def topk_delta_inputs(
+    rule: RuleConfig,
+    sampling: SamplingConfig,
+    draft_logits: torch.Tensor,  # [k, V] the target's raw logits at the draft positions
+    generator: torch.Generator,
+    history: Sequence[int] = (),
+    drafts: Sequence[int] = (),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(relaxed_probs [1, k, V], mix_uniforms [1, k] float64)``: what Modular MAX's sampled
+    top-K/δ verdict reads beyond every rule's inputs, each ``None`` where nothing reads it
+    (another rule, greedy, no relaxation; the mix uniforms without ``smooth``).
+
+    Call it after drawing the block's accept and sample uniforms: the mix uniforms are
+    drawn last and only where used, so every other rule's random stream stays as it was.
+    They come from ``generator``'s device (a CPU one: a seed means the same on any device)
+    and move to the logits'.
+    """
+    if rule.kind != "topk_delta" or not rule.relaxes or sampling.greedy:
+        return None, None
+    # MAX ranks candidates by the untempered softmax, whatever the sampling temperature.
+    relaxed_probs = untempered_probs(draft_logits, sampling, history, drafts).unsqueeze(0)
+    if not rule.smooth:
+        return relaxed_probs, None
+    mix = torch.rand(1, draft_logits.shape[0], dtype=torch.float64, generator=generator,
+                     device=generator.device)
+    return relaxed_probs, mix.to(draft_logits.device)
 
 
 def threshold_weights(target_probs: torch.Tensor, single: float, acc: float) -> torch.Tensor:
