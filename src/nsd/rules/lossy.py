@@ -83,7 +83,8 @@ import torch
 
 from nsd.errors import NSDError
 from nsd.rules.sampling import SamplingConfig, sample_from, untempered_probs
-from nsd.rules.verify import RuleConfig, VerifyResult, charge, relaxation_weights, verify_block
+from nsd.rules.verify import (RuleConfig, VerifyResult, charge, first_rejection, relaxation_weights,
+                              verify_block)
 
 # The rules' knobs live on :class:`nsd.rules.verify.RuleConfig` (kinds ``topk_delta``,
 # ``threshold``, ``fly``), defined once in :mod:`nsd.options`.
@@ -278,15 +279,10 @@ def _verify_max_replacing(rule: RuleConfig, target_probs: torch.Tensor, relaxed_
         mix_uniforms = torch.zeros_like(weights)
     relaxed_branch = mix_uniforms < weights  # λ = 0 never, λ = 1 always
     accepted = torch.where(relaxed_branch, in_set, accept_uniforms < p_x)
-    leading = (~accepted).cumsum(dim=-1) == 0
-    num_accepted = leading.sum(dim=-1)
+    # Where the block ends and what it charges, found as every other verifier finds it.
+    outcome = first_rejection(accepted, weights, excess)
+    num_accepted, at, has_rejection = outcome.num_accepted, outcome.rejected_at, outcome.has_rejection
     rows = torch.arange(batch, device=device)
-    at = num_accepted.clamp(max=max(k - 1, 0))
-    has_rejection = num_accepted < k
-    emitted = leading.clone()
-    if k > 0:
-        emitted[rows, at] |= has_rejection
-    deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
     p_row = target_probs[rows, num_accepted].double()  # [B, V]
     if k > 0:
         residual = p_row.clone()
@@ -300,9 +296,10 @@ def _verify_max_replacing(rule: RuleConfig, target_probs: torch.Tensor, relaxed_
     if k > 0:
         use_fallback = has_rejection & relaxed_branch[rows, at]
         drawn = torch.where(use_fallback, fallback[rows, at], drawn)
-    relaxed = accepted & leading & relaxed_branch & ~(accept_uniforms < p_x)
+    relaxed = accepted & outcome.leading & relaxed_branch & ~(accept_uniforms < p_x)
     return VerifyResult(num_accepted=num_accepted, next_token=drawn, accepted=accepted,
-                        relaxed=relaxed, deviation=deviation, spent=charge(spent, deviation))
+                        relaxed=relaxed, deviation=outcome.deviation,
+                        spent=charge(spent, outcome.deviation))
 
 
 def fly_deferrals(
