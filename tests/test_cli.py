@@ -191,6 +191,9 @@ def test_more_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
          "--system needs --chat"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--threads", "5000"], "--threads"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--k-max", "65"], "--k-max"),
+        # A range error names the flag by every spelling, the one-letter alias too.
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "0"],
+         "-k/--draft-length must be a whole number in [1, 64]"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "--stop", ""],
          "--stop takes a non-empty string"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "x", "-k", "10", "--k-max", "4",

@@ -22,10 +22,12 @@ from nsd.rules.lossy import (
     fly_entropy,
     relaxed_weights,
     threshold_weights,
+    topk_delta_inputs,
     topk_delta_mask,
     verify_lossy,
 )
 from nsd.rules.entry import verify
+from nsd.rules.sampling import SamplingConfig
 from test_verify import _random_dist
 from nsd.rules.verify import RuleConfig
 
@@ -208,6 +210,26 @@ def test_topk_delta_refuses_sampled_drafts() -> None:
         verify_lossy(RuleConfig("topk_delta"), p, p[:, :1], torch.zeros(1, 1, dtype=torch.long),
                      p[:, :1], torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
                      greedy=True)
+
+
+def test_topk_delta_inputs_only_where_max_reads_them_and_mix_drawn_last() -> None:
+    """The untempered softmax only for a relaxing top-K/δ at T > 0; the mix uniforms only
+    with smooth, as the generator's next draws (so other rules' streams stay unchanged)."""
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(6)) * 3.0
+    sampled, greedy = SamplingConfig(temperature=0.5, top_k=2), SamplingConfig()
+    for rule, sampling in ((RuleConfig("nucleus", theta=0.9), sampled), (RuleConfig("topk_delta"), greedy),
+                           (RuleConfig("topk_delta", budget=0.0, smooth=True), sampled)):
+        gen = torch.Generator().manual_seed(1)
+        state = gen.get_state()
+        assert topk_delta_inputs(rule, sampling, logits, gen) == (None, None)
+        assert torch.equal(gen.get_state(), state)  # nothing drawn
+    relaxed, mix = topk_delta_inputs(RuleConfig("topk_delta"), sampled, logits, torch.Generator())
+    # Temperature and top-k do not touch MAX's ranking law: the plain softmax of the logits.
+    assert mix is None and torch.allclose(relaxed[0], torch.softmax(logits, -1))
+    relaxed, mix = topk_delta_inputs(RuleConfig("topk_delta", smooth=True), sampled, logits,
+                                     torch.Generator().manual_seed(2))
+    expected = torch.rand(1, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert relaxed.shape == (1, 3, V) and torch.equal(mix, expected)
 
 
 # --------------------------------------------------------------------------- SGLang thresholds

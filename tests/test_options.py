@@ -13,6 +13,7 @@ from nsd.api import BackendOptions, GenerationConfig
 from nsd.cli import build_parser
 from nsd.errors import NSDError
 from nsd.integrations.vllm.config import build_config
+from nsd.rules.sampling import SamplingConfig
 from nsd.rules.verify import RuleConfig
 
 
@@ -34,6 +35,15 @@ def test_configs_are_exactly_the_options_with_their_defaults() -> None:
         if name not in ("method", "theta"):  # the rule's kind; θ 0 unless nsd sets it
             assert rule[name] == optspec.default(name)
     assert set(rule) == {"kind", *optspec.RULE} - {"method"}
+
+
+def test_rule_options_are_exactly_the_rule_configs_knobs_in_order() -> None:
+    # RULE is derived from DECODING; RuleConfig and SamplingConfig declare their fields on
+    # their own, so this holds only while the derivation splits rule from sampling right.
+    knobs = tuple(f.name for f in dataclasses.fields(RuleConfig) if f.name != "kind")
+    assert isinstance(optspec.RULE, tuple) and optspec.RULE == ("method", *knobs)
+    sampling = {f.name for f in dataclasses.fields(SamplingConfig)} - {"logit_bias"}  # request-level
+    assert set(optspec.DECODING) - set(optspec.RULE) == sampling | {"seed", "max_new_tokens"}
 
 
 @pytest.mark.parametrize("command", ["generate", "compare", "serve", "bench"])

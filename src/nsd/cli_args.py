@@ -33,6 +33,12 @@ def _number(kind: type, allow_auto: bool) -> Callable[[str], Any]:
     return parse
 
 
+def _flag_label(option: Option) -> str:
+    """The flag as errors and notes name it: every spelling a user may have typed
+    (``-k/--draft-length``), so the message matches whichever one they used."""
+    return "/".join(filter(None, (option.short, option.flag)))
+
+
 def add_option(parser: argparse.ArgumentParser | Any, option: Option, **override: Any) -> None:
     """Add ``option`` as a flag; ``override`` replaces argparse keywords (e.g. a subcommand
     that takes several θ values)."""
@@ -115,7 +121,7 @@ def _flag_named(message: str) -> str:
     option = optspec.ALL.get(name)
     if not sep or option is None:
         return message
-    return "/".join(filter(None, (option.short, option.flag))) + sep + rest
+    return _flag_label(option) + sep + rest
 
 
 def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "--method") -> None:
@@ -134,7 +140,7 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
             print(f"nsd: --k-max {value} does nothing with a fixed -k {args.k} (it bounds -k auto "
                   "and --adaptive-k)", file=sys.stderr)
             continue
-        named = "/".join(filter(None, (option.short, option.flag)))
+        named = _flag_label(option)
         if option.type is not bool:  # a switch is named alone: "--smooth", not "--smooth True"
             named = f"{named} {value}"
         print(f"nsd: {named} does nothing with {flag} {','.join(methods)} (it acts on "
@@ -163,4 +169,4 @@ def check_flags(args: argparse.Namespace, names: Mapping[str, Option] | Iterable
     for name, option in group.items():
         value = getattr(args, name, None)
         if value is not None and not isinstance(value, list):  # bench's θ/B lists: per value
-            option.check(value, label="/".join(filter(None, (option.short, option.flag))))
+            option.check(value, label=_flag_label(option))

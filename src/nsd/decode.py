@@ -23,8 +23,9 @@ from nsd.draftlen.costmodel import AdaptiveK, FixedK, KPolicy
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
 from nsd.rules.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs,
-                          sample_from, untempered_probs)
+                          sample_from)
 from nsd.rules.entry import verify
+from nsd.rules.lossy import topk_delta_inputs
 from nsd.rules.verify import RuleConfig, VerifyResult, charge, method_of_rule
 
 
@@ -367,24 +368,26 @@ def _verify_drafts(config: DecodeConfig, logits: torch.Tensor, proposal: Proposa
     target_probs = logits_to_probs(logits, sampling, generated, draft)  # [n+1, V]
     plaus = plausibility_probs(logits[:n], sampling, target_probs[:n], generated, draft) \
         if rule.relaxes else target_probs[:n]
-    # Top-K/δ at temperature > 0 (Modular MAX) ranks candidates by the untempered softmax.
-    max_rule = rule.kind == "topk_delta" and rule.relaxes and not sampling.greedy
-    relaxed_probs = untempered_probs(logits[:n], sampling, generated, draft).unsqueeze(0) if max_rule else None
+    # Uniforms come from the CPU generator, so a seed means the same on any device.
+    accept_uniforms = torch.rand(1, n, dtype=torch.float64, generator=generator,
+                                 device=generator.device).to(device)
+    sample_uniforms = torch.rand(1, dtype=torch.float64, generator=generator,
+                                 device=generator.device).to(device)
+    # Top-K/δ at temperature > 0 (Modular MAX) reads two more inputs; asked for after the
+    # uniforms above because its own uniforms must come last (other rules' streams unchanged).
+    relaxed_probs, mix_uniforms = topk_delta_inputs(rule, sampling, logits[:n], generator, generated, draft)
     result = verify(
         rule,
         target_probs.unsqueeze(0),
         plaus.unsqueeze(0),
         proposal.tokens.to(device).unsqueeze(0),
         None if proposal.probs is None else proposal.probs.to(device).unsqueeze(0),
-        # Uniforms come from the CPU generator, so a seed means the same on any device.
-        torch.rand(1, n, dtype=torch.float64, generator=generator, device=generator.device).to(device),
-        torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).to(device),
+        accept_uniforms,
+        sample_uniforms,
         spent.to(device),
         greedy=sampling.greedy,  # all-or-nothing relaxation: greedy output is seed-free
         relaxed_probs=relaxed_probs,
-        # Drawn after the others, and only where used, so other rules' streams are unchanged.
-        mix_uniforms=torch.rand(1, n, dtype=torch.float64, generator=generator,
-                                device=generator.device).to(device) if max_rule and rule.smooth else None,
+        mix_uniforms=mix_uniforms,
     )
     return result, target_probs
 

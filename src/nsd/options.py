@@ -318,10 +318,12 @@ SERVING = _opts(
 ALL: dict[str, Option] = {**DECODING, **DRAFT_LENGTH, **BACKEND}
 _KNOWN: dict[str, Option] = {**ALL, **SERVING}
 # The decoding options that pick and shape the verification rule (the rest of DECODING is
-# sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take.
-RULE = ("method", "theta", "budget", "cap", "smooth", "typical_epsilon", "typical_delta",
-        "relaxed_topk", "relaxed_delta", "threshold_single", "threshold_acc", "fly_window_size",
-        "fly_entropy_threshold", "fly_entropy_top_k")
+# sampling): what the server's ``nsd`` object and vLLM's ``nsd`` section take. Derived, so a
+# new rule knob joins them by being declared: the method, then every option that acts only
+# on relaxing methods (a knob that changes nothing for ar or sd can only shape a rule that
+# relaxes; sampling acts on every method).
+RULE: tuple[str, ...] = ("method", *(name for name, opt in DECODING.items()
+                                      if opt.methods is not None and set(opt.methods) <= set(RELAXED_METHODS)))
 # Each rule's main knobs, the ones a frontier sweeps (nsd bench takes each as a list).
 SWEEP_KNOBS = {"nsd": ("theta",), "topk_delta": ("relaxed_topk", "relaxed_delta"),
                "threshold": ("threshold_single", "threshold_acc"),

@@ -34,9 +34,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from nsd.draftlen.costmodel import StepCosts
-from nsd.rules.sampling import (SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from,
-                          untempered_probs)
+from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs, plausibility_probs, sample_from
 from nsd.rules.entry import verify
+from nsd.rules.lossy import topk_delta_inputs
 from nsd.rules.verify import RuleConfig
 
 REPEATS = 21
@@ -108,15 +108,12 @@ def _spec_pass(logits: torch.Tensor, draft_rows: torch.Tensor, sampling: Samplin
     def run() -> Any:
         probs = logits_to_probs(logits, sampling)
         plaus = plausibility_probs(logits[:n], sampling, probs[:n]) if rule.relaxes else probs[:n]
-        relaxed = untempered_probs(logits[:n], sampling).unsqueeze(0) \
-            if rule.kind == "topk_delta" and not sampling.greedy else None
+        accept_uniforms = torch.rand(1, n, dtype=torch.float64, generator=gen)
+        sample_uniforms = torch.rand(1, dtype=torch.float64, generator=gen)
+        relaxed, mix = topk_delta_inputs(rule, sampling, logits[:n], gen)  # as decode's order
         return verify(rule, probs.unsqueeze(0), plaus.unsqueeze(0), tokens.unsqueeze(0),
-                      None if q is None else q.unsqueeze(0),
-                      torch.rand(1, n, dtype=torch.float64, generator=gen),
-                      torch.rand(1, dtype=torch.float64, generator=gen), spent,
-                      greedy=sampling.greedy, relaxed_probs=relaxed,
-                      mix_uniforms=torch.rand(1, n, dtype=torch.float64, generator=gen)
-                      if relaxed is not None and rule.smooth else None)
+                      None if q is None else q.unsqueeze(0), accept_uniforms, sample_uniforms,
+                      spent, greedy=sampling.greedy, relaxed_probs=relaxed, mix_uniforms=mix)
 
     return run
 

@@ -77,11 +77,14 @@ Everything is vectorised over the batch and vocabulary; Python loops run over k 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from nsd.errors import NSDError
-from nsd.rules.sampling import sample_from
-from nsd.rules.verify import RuleConfig, VerifyResult, charge, relaxation_weights, verify_block
+from nsd.rules.sampling import SamplingConfig, sample_from, untempered_probs
+from nsd.rules.verify import (RuleConfig, VerifyResult, charge, first_rejection, relaxation_weights,
+                              verify_block)
 
 # The rules' knobs live on :class:`nsd.rules.verify.RuleConfig` (kinds ``topk_delta``,
 # ``threshold``, ``fly``), defined once in :mod:`nsd.options`.
@@ -100,6 +103,34 @@ def topk_delta_mask(relaxed_probs: torch.Tensor, topk: int, delta: float) -> tor
     top = torch.topk(probs, min(topk, probs.shape[-1]), dim=-1).values  # [..., K] descending
     kth, best = top[..., -1:], top[..., :1]
     return (probs >= kth) & (probs >= best - delta) & (probs > 0)  # δ ≥ 0 keeps the top-1
+
+
+def topk_delta_inputs(
+    rule: RuleConfig,
+    sampling: SamplingConfig,
+    draft_logits: torch.Tensor,  # [k, V] the target's raw logits at the draft positions
+    generator: torch.Generator,
+    history: Sequence[int] = (),
+    drafts: Sequence[int] = (),
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(relaxed_probs [1, k, V], mix_uniforms [1, k] float64)``: what Modular MAX's sampled
+    top-K/δ verdict reads beyond every rule's inputs, each ``None`` where nothing reads it
+    (another rule, greedy, no relaxation; the mix uniforms without ``smooth``).
+
+    Call it after drawing the block's accept and sample uniforms: the mix uniforms are
+    drawn last and only where used, so every other rule's random stream stays as it was.
+    They come from ``generator``'s device (a CPU one: a seed means the same on any device)
+    and move to the logits'.
+    """
+    if rule.kind != "topk_delta" or not rule.relaxes or sampling.greedy:
+        return None, None
+    # MAX ranks candidates by the untempered softmax, whatever the sampling temperature.
+    relaxed_probs = untempered_probs(draft_logits, sampling, history, drafts).unsqueeze(0)
+    if not rule.smooth:
+        return relaxed_probs, None
+    mix = torch.rand(1, draft_logits.shape[0], dtype=torch.float64, generator=generator,
+                     device=generator.device)
+    return relaxed_probs, mix.to(draft_logits.device)
 
 
 def threshold_weights(target_probs: torch.Tensor, single: float, acc: float) -> torch.Tensor:
@@ -248,15 +279,10 @@ def _verify_max_replacing(rule: RuleConfig, target_probs: torch.Tensor, relaxed_
         mix_uniforms = torch.zeros_like(weights)
     relaxed_branch = mix_uniforms < weights  # λ = 0 never, λ = 1 always
     accepted = torch.where(relaxed_branch, in_set, accept_uniforms < p_x)
-    leading = (~accepted).cumsum(dim=-1) == 0
-    num_accepted = leading.sum(dim=-1)
+    # Where the block ends and what it charges, found as every other verifier finds it.
+    outcome = first_rejection(accepted, weights, excess)
+    num_accepted, at, has_rejection = outcome.num_accepted, outcome.rejected_at, outcome.has_rejection
     rows = torch.arange(batch, device=device)
-    at = num_accepted.clamp(max=max(k - 1, 0))
-    has_rejection = num_accepted < k
-    emitted = leading.clone()
-    if k > 0:
-        emitted[rows, at] |= has_rejection
-    deviation = torch.where(emitted, weights * excess, torch.zeros_like(excess))
     p_row = target_probs[rows, num_accepted].double()  # [B, V]
     if k > 0:
         residual = p_row.clone()
@@ -270,9 +296,10 @@ def _verify_max_replacing(rule: RuleConfig, target_probs: torch.Tensor, relaxed_
     if k > 0:
         use_fallback = has_rejection & relaxed_branch[rows, at]
         drawn = torch.where(use_fallback, fallback[rows, at], drawn)
-    relaxed = accepted & leading & relaxed_branch & ~(accept_uniforms < p_x)
+    relaxed = accepted & outcome.leading & relaxed_branch & ~(accept_uniforms < p_x)
     return VerifyResult(num_accepted=num_accepted, next_token=drawn, accepted=accepted,
-                        relaxed=relaxed, deviation=deviation, spent=charge(spent, deviation))
+                        relaxed=relaxed, deviation=outcome.deviation,
+                        spent=charge(spent, outcome.deviation))
 
 
 def fly_deferrals(

@@ -440,8 +440,9 @@ def first_rejection(
 ) -> BlockOutcome:
     """The first rejection, vectorised (no loop over rows or positions), and the
     deviation: ``λ_t·E_t`` where a token is emitted (the accepted prefix and the rejected
-    position, whose recovered token it shapes), 0 after. The one place both verifiers,
-    :func:`verify_block` and :func:`nsd.rules.ragged.verify_ragged`, find where a block ends."""
+    position, whose recovered token it shapes), 0 after. The one place every verifier
+    (:func:`verify_block`, :func:`nsd.rules.ragged.verify_ragged`, Modular MAX's verdict in
+    :mod:`nsd.rules.lossy`) finds where a block ends."""
     k = accepted.shape[-1]
     leading = (~accepted).cumsum(dim=-1) == 0  # [B, k]
     num_accepted = leading.sum(dim=-1)
