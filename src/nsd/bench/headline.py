@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsd import aggregate
-from nsd.bench import report, targets, vllm_report
+from nsd.bench import frontier, report, targets, vllm_report
 from nsd.bench.methods import LLAMA_PEERS
 from nsd.bench.store import SUMMARY
 from nsd.errors import NSDError
@@ -210,9 +210,14 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
     if not fidelity and any(aggregate.defined(r.get("mean_k")) for r in rows):
         table += ["", "Where the time goes, per target pass (k̄: mean tokens drafted per pass; plain: "
                   "share of passes that drafted nothing):", "", *report.cost_table(rows)]
-    plot = f"{RESULTS}/{run.path}/speedup_vs_pass_change.png"
-    if not (root / plot).is_file():
-        plot = f"{RESULTS}/{run.path}/quality_vs_speedup.png"
+    if fidelity:  # a frontier run: which rule is fastest at each quality level
+        execute = any(aggregate.defined(r.get("pass_at_1")) for r in rows)
+        points, quality = frontier.frontier_points(rows, execute)
+        table += ["", *frontier.fastest_table(points, quality, rows, execute)]
+    plot = next((p for p in (f"{RESULTS}/{run.path}/{name}" for name in
+                             (("frontier_rules.png",) if fidelity else ()) +
+                             ("speedup_vs_pass_change.png", "quality_vs_speedup.png"))
+                 if (root / p).is_file()), f"{RESULTS}/{run.path}/quality_vs_speedup.png")
     lines = [f"#### {run.task}: `{RESULTS}/{run.path}/`", "",
              f"CPU as recorded: {_cpu_line(summary)}. k = {generation['k']}, "
              f"{generation['max_new_tokens']} new tokens at most, weights: {summary.get('weights') or 'not recorded'}. "
