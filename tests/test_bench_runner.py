@@ -17,7 +17,7 @@ from nsd.bench import cli as bench_cli
 from nsd.bench.datasets import BenchPrompt
 from nsd.bench.methods import expand_methods
 from nsd.bench.plots import write_plots
-from nsd.bench.report import weights_used, write_report
+from nsd.bench.report import cost_table, weights_used, write_report
 from nsd.bench.runner import BenchRunner, RunConfig
 from nsd.bench.speed import visible_tokens
 from nsd.bench.store import Journal, jsonable, read_journal, write_json_atomic
@@ -503,3 +503,27 @@ def test_grid_values_are_checked_whatever_the_methods(flags, message, methods, t
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_draft_prefill_is_reported_apart_from_the_draft_per_pass(tmp_path: Path) -> None:
+    records = BenchRunner(fake_engine(), CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 12, "temperature": 0.0, "k": 4}}
+    sd = [r for r in records if r["method"] == "sd/draft"]
+    for r in sd:  # as if the draft had spent a third of its time reading the prompt
+        r["stats"]["propose_s"] = 0.3
+        r["stats"]["draft_prefill_s"] = 0.1
+    summary, _ = write_report(tmp_path / "new", records, METHODS, settings, max_other_cpu=1.0)
+    row = next(r for r in summary if r["method"] == "sd/draft")
+    passes = sum(r["stats"]["target_passes"] for r in sd)
+    assert row["draft_s_per_pass"] == pytest.approx(0.2 * len(sd) / passes)
+    assert row["draft_prefill_s_mean"] == pytest.approx(0.1)
+    assert cost_table(summary)[0].endswith("| draft prefill ms |")
+    assert any(line.startswith("| sd/draft |") and line.endswith("| 100.0 |") for line in cost_table(summary))
+    for r in sd:  # a record made before the measure: nothing subtracted, the column says so
+        del r["stats"]["draft_prefill_s"]
+    old, _ = write_report(tmp_path / "old", records, METHODS, settings, max_other_cpu=1.0)
+    row = next(r for r in old if r["method"] == "sd/draft")
+    assert row["draft_s_per_pass"] == pytest.approx(0.3 * len(sd) / passes)
+    assert row["draft_prefill_s_mean"] is None
+    assert any(line.startswith("| sd/draft |") and line.endswith("| - |") for line in cost_table(old))

@@ -4,6 +4,7 @@ sequence-level fidelity, stopping, and the n-gram proposer."""
 from __future__ import annotations
 
 import itertools
+import time
 import math
 
 import pytest
@@ -380,3 +381,30 @@ def test_stop_scanner_reaches_back_past_tokens_that_decode_to_nothing() -> None:
     assert not scan(generated)
     generated += [2]
     assert scan(generated)
+
+
+class _SlowPromptLM(MockLM):
+    """A draft whose forwards over more than 2 tokens (the prompt) take at least 30 ms."""
+
+    def forward(self, tokens, all_logits: bool = True):
+        if len(tokens) > 2:
+            time.sleep(0.03)
+        return super().forward(tokens, all_logits)
+
+
+def test_the_draft_reading_the_prompt_is_reported_apart_from_its_blocks() -> None:
+    target = MockLM(vocab_size=32, seed=0)
+    draft = DraftModelProposer(_SlowPromptLM(vocab_size=32, seed=0), GREEDY, target.vocab_size)
+    prompt = tuple(range(1, 9))
+    config = DecodeConfig(sampling=GREEDY, k=3, max_new_tokens=12)
+    _, stats = _run(target, config, draft, prompt=prompt)
+    assert 0.03 <= stats.draft_prefill_s < 0.06  # the one forward that read the prompt
+    assert stats.draft_prefill_s < stats.propose_s
+    assert stats.to_dict()["draft_prefill_s"] == stats.draft_prefill_s
+    # Again with the same proposer: its cache holds the prompt, so it reads the last prompt
+    # token alone, and begin() started the count afresh.
+    _, again = _run(target, config, draft, prompt=prompt)
+    assert 0.0 < again.draft_prefill_s < 0.03
+    _, lookup = _run(target, DecodeConfig(sampling=GREEDY, k=3, max_new_tokens=12), NgramProposer(NgramConfig()),
+                     prompt=prompt)
+    assert lookup.draft_prefill_s == 0.0

@@ -120,6 +120,9 @@ class DecodeStats:
     # accepts / tests is that source's per-position conditional acceptance. Stored starting
     # estimates (:mod:`nsd.draftlen.priors`) are made from these counts.
     acceptance_counts: dict[str, list[int]] = field(default_factory=dict)
+    # Of propose_s, the draft model reading the prompt (its first catch-up): once per
+    # request, so not a cost of the blocks (the target's own prompt is in prefill_s).
+    draft_prefill_s: float = 0.0
 
     @property
     def tau(self) -> float:
@@ -304,7 +307,8 @@ class DecodeTally:
                 counter[i] += 1
         self.accepted_per_pass.append(emitted_acc)
 
-    def to_stats(self, method: str, predicted_tokens_per_s: float | None) -> DecodeStats:
+    def to_stats(self, method: str, predicted_tokens_per_s: float | None,
+                 draft_prefill_s: float = 0.0) -> DecodeStats:
         attempts = _trim_zeros(self.attempts)
         return DecodeStats(
             method=method, prompt_tokens=self.prompt_tokens, new_tokens=len(self.generated),
@@ -317,7 +321,7 @@ class DecodeTally:
             accepted_per_pass=self.accepted_per_pass, k_per_pass=self.k_per_pass,
             predicted_tokens_per_s=predicted_tokens_per_s, lookup_blocks=self.lookup_blocks,
             lookup_drafted=self.lookup_drafted, lookup_accepted=self.lookup_accepted,
-            cached_prompt_tokens=self.cached_prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens, draft_prefill_s=draft_prefill_s,
             acceptance_counts=self.acceptance_counts)
 
 
@@ -451,7 +455,9 @@ def decode(
         if new and new[-1] in eos or stop_check is not None and stop_check(generated):
             tally.stop_reason = "eos" if new and new[-1] in eos else "stop"
             break
-    return tally.to_stats(method_name(config), policy.predicted_tokens_per_s)
+    # getattr: a proposer written to the protocol without subclassing it reads no prompt
+    return tally.to_stats(method_name(config), policy.predicted_tokens_per_s,
+                          getattr(drafter, "prefill_s", 0.0))
 
 
 def _accept(target: ModelBackend, context: list[int], logits: torch.Tensor,

@@ -32,6 +32,10 @@ class Proposer(Protocol):
     # Context tokens the first block found already in the proposer's own cache (None: it
     # keeps none, or has not drafted yet); a prefix cache reports it.
     reused_tokens: int | None = None
+    # Of the current generation's time in propose(), the seconds spent reading the prompt
+    # (a draft model's first catch-up): a once-per-request cost, reported apart from the
+    # per-block drafting it would otherwise inflate. 0 where the proposer reads no prompt.
+    prefill_s: float = 0.0
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Sequence
 
 import torch
@@ -51,6 +52,7 @@ class DraftModelProposer(Proposer):
         # Context tokens the first block found in the draft's cache (not read again).
         self.reused_tokens: int | None = None
         self._prompt_length = 0  # generated tokens start here (for the penalties)
+        self.prefill_s = 0.0  # this generation's forwards that read prompt tokens
         # The logit adjustments need target token ids; a reduced-vocabulary draft skips them
         # (q is still the distribution it drew from, so verification stays exact).
         self._adjust = sampling.adjusts_logits and vocab_map is None
@@ -61,6 +63,7 @@ class DraftModelProposer(Proposer):
         """Called by the decoding loop: the context's first ``prompt_length`` tokens are
         the prompt, the rest generated (penalties count only the generated ones)."""
         self._prompt_length = prompt_length
+        self.prefill_s = 0.0
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:
@@ -74,7 +77,10 @@ class DraftModelProposer(Proposer):
         self.backend.rewind(keep)
         # A reduced-vocabulary draft takes full-vocabulary ids too (it is fed their input
         # embeddings), so the context and the drafted tokens go in as they are.
+        t0 = time.perf_counter()
         logits = self.backend.forward(list(context[keep:]), all_logits=False)[-1]  # [Vd]
+        if keep < self._prompt_length:  # it read (part of) the prompt: a per-request cost
+            self.prefill_s += time.perf_counter() - t0
         vmap = self.vocab_map
         tokens: list[int] = []
         rows: list[torch.Tensor] = []

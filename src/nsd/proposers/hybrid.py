@@ -41,6 +41,11 @@ class HybridProposer(Proposer):
         """The draft model's (see :class:`DraftModelProposer`); None until it drafts."""
         return self.draft.reused_tokens
 
+    @property
+    def prefill_s(self) -> float:
+        """The draft model's (see :class:`nsd.proposers.base.Proposer`): lookup reads no prompt."""
+        return self.draft.prefill_s
+
     def begin(self, prompt_length: int) -> None:
         """Where the generated tokens start (the draft model's penalties count only those)."""
         self.draft.begin(prompt_length)
