@@ -72,6 +72,30 @@ def test_headline_reads_each_cpu_class_and_says_which_are_unmeasured() -> None:
             assert f"| {cpu.name} ({cpu.machine}) | not yet measured |" in table
 
 
+def test_a_headline_row_says_how_many_of_its_calls_ran_under_load() -> None:
+    # The headline table has no 'loaded' column: a run whose timings were partly taken
+    # beside another busy process says so in its task cell, and a clean run says nothing.
+    rows = [{"loaded_calls": 3, "prompts": 40}, {"loaded_calls": 0, "prompts": 40}]
+    assert headline._loaded({"summary": rows}) == " (3 of 80 calls loaded)"
+    assert headline._loaded({"summary": [{"loaded_calls": 0, "prompts": 40}]}) == ""
+    assert headline._loaded({"summary": [{"loaded_calls": None, "prompts": 40}]}) == ""  # predates the count
+    table = headline.headline_table(ROOT)
+    for run in headline.RUNS:
+        if run.headline:
+            rows = headline.load_summary(ROOT, run)["summary"]
+            loaded = sum(r.get("loaded_calls") or 0 for r in rows)
+            line = next(line for line in table.splitlines() if f"`{run.path}`" in line)
+            assert (f"{loaded} of " in line) == (loaded > 0), line
+
+
+def test_the_prefill_block_is_the_runs_median_ratio() -> None:
+    data = json.loads((RESULTS / headline.PREFILL.path).read_text(encoding="utf-8"))
+    ms = data["prefill"]["ms"]
+    block = headline.prefill_block(ROOT)
+    assert f"**{ms['ggml'] / ms['avx2 small-batch']:.2f}x**" in block
+    assert f"median of {data['prefill']['repeats']}" in block
+
+
 # Paths the documents name as examples or placeholders, not as data they cite.
 PLACEHOLDERS = {"benchmarks/results/my-run", "benchmarks/results/RUN/journal.jsonl",
                 "benchmarks/results/RUN/results.json", "benchmarks/results/amx/*-default/"}

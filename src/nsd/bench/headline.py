@@ -65,9 +65,15 @@ _ZEN4 = "OUT_ROOT=benchmarks/results/zen4-2026-12-07 bash benchmarks/run_noamx.s
 _ZEN4_HOST = ("OUT_ROOT=benchmarks/results/zen4-host bash benchmarks/run_noamx.sh humaneval164-t0-hybrid "
               "spec-bench-t0.8-hybrid-x3 humaneval-t0.8-hybrid")
 _FRONTIER = "bash benchmarks/run_frontier.sh"
-_ZEN3 = ("nsd bench --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --theta 0.9 "
-         "--max-new-tokens 128 --no-progress --rerun-loaded --dataset humaneval --limit 20 "
-         "--methods ar,sd,nsd,llama-generate --out benchmarks/results/zen3/humaneval20-t0")
+
+
+def _zen3(task: str, out: str) -> str:
+    """The Zen 3 runs' command: one nsd bench call per task, AR and llama.cpp's plain
+    decoding in the same run."""
+    return ("nsd bench --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --theta 0.9 "
+            f"--max-new-tokens 128 --no-progress --rerun-loaded {task} "
+            f"--methods ar,sd,nsd,llama-generate --out benchmarks/results/zen3/{out}")
+
 
 RUNS: tuple[RunRef, ...] = (
     RunRef("amx/humaneval-t0", "amx", "HumanEval-40, T = 0", "444df9f", _AMX, "draft", True),
@@ -80,7 +86,10 @@ RUNS: tuple[RunRef, ...] = (
     RunRef("zen4-host/humaneval-t0.8-hybrid", "vnni", "HumanEval-40, T = 0.8", "12bf785", _ZEN4_HOST, "hybrid"),
     RunRef("zen4-host/spec-bench-t0.8-hybrid-x3", "vnni", "Spec-Bench 13×3, T = 0.8", "12bf785", _ZEN4_HOST,
            "hybrid"),
-    RunRef("zen3/humaneval20-t0", "avx2", "HumanEval-20, T = 0", "bdd65bb", _ZEN3, "hybrid", True),
+    RunRef("zen3/humaneval20-t0", "avx2", "HumanEval-20, T = 0", "bdd65bb",
+           _zen3("--dataset humaneval --limit 20", "humaneval20-t0"), "hybrid"),
+    RunRef("zen3/humaneval40-t0", "avx2", "HumanEval-40, T = 0", "5593d70",
+           _zen3("--dataset humaneval --limit 40", "humaneval40-t0"), "hybrid", True),
 )
 
 # The quality-speed frontier: θ, budgets and typical acceptance at a fixed k = 4 (Zen 4,
@@ -164,6 +173,16 @@ def _faster_peer(summary: dict, method: str) -> str:
     return f"{_x(paired[method][peer])} ({peer})"
 
 
+def _loaded(summary: dict) -> str:
+    """A note on the timed calls that ran beside another busy process (empty when none
+    did, or the run predates the count): their speeds are the less reliable ones."""
+    rows = summary["summary"]
+    counts = [r.get("loaded_calls") for r in rows]
+    if not all(isinstance(c, int) for c in counts) or not sum(counts):
+        return ""
+    return f" ({sum(counts)} of {sum(r['prompts'] for r in rows)} calls loaded)"
+
+
 def _link(run: RunRef) -> str:
     return f"[`{run.path}`]({RESULTS}/{run.path}/)"
 
@@ -185,7 +204,8 @@ def headline_table(root: Path) -> str:
                 raise NSDError(f"{run.path}: no AR, SD and NSD θ 0.9 rows with the {run.proposer} proposer")
             passes = " / ".join(_f(r["pass_at_1"]) for r in (ar, sd, nsd)) \
                 if any(aggregate.defined(r["pass_at_1"]) for r in (ar, sd, nsd)) else "n/a (no tests)"
-            lines.append(f"| {cpu.name} ({cpu.machine}) | {run.task} | {_f(ar['tokens_per_s_median'], '{:.1f}')} "
+            lines.append(f"| {cpu.name} ({cpu.machine}) | {run.task}{_loaded(summary)} "
+                         f"| {_f(ar['tokens_per_s_median'], '{:.1f}')} "
                          f"| {_x(sd['speedup_vs_ar'])} | **{_x(nsd['speedup_vs_ar'])}** "
                          f"| {_faster_peer(summary, nsd['method'])} "
                          f"| {_f(nsd['deviation_per_token'], '{:.3f}')} | {passes} "
@@ -270,6 +290,33 @@ SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
                  "python benchmarks/serve_soak.py --minutes 20 --clients 4 "
                  "--json benchmarks/results/serve/soak-20min-zen3.json -- --target smollm2-135m-instruct "
                  "--proposer ngram --n-ctx 2048 --threads 1")
+
+
+PREFILL = KernelRef("avx2/prefill_avx2_zen3_quiet.json", "avx2", "52e0872",
+                    _VK + "--kernel avx2 --target qwen2.5-coder-1.5b-instruct --weights q4_0 --threads 2 "
+                    "--repeats 1 --ns 1,2 --prefill 1500 --prefill-repeats 3 "
+                    "--out benchmarks/results/avx2/prefill_avx2_zen3_quiet.json")
+
+
+def prefill_block(root: Path, ref: KernelRef = PREFILL) -> str:
+    """A long prompt's prefill on ggml's path and on nsd's kernel, interleaved (the run's
+    c(1)/c(2) are from one repetition and left out)."""
+    path = root / RESULTS / ref.path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the prefill run ({exc})") from None
+    theirs, ours = data["paths"]
+    pre, cpu = data["prefill"], data["cpu"]
+    ms = pre["ms"]
+    return "\n".join([
+        f"Run `{RESULTS}/{ref.path}` (CPU as recorded: {cpu['model']}, {cpu['cores']} cores, AMX {cpu['amx']}; "
+        f"{data['weights']} weights, {data['threads']} threads; a {pre['tokens']}-token prompt, no cache, "
+        f"median of {pre['repeats']} after a warm-up, both paths in each repetition), committed in {ref.commit}. "
+        "Command:", "", "```bash", ref.command, "```", "",
+        "| path | prefill s | prompt tokens/s |", "|---|---|---|",
+        *(f"| {name} | {ms[name] / 1000:.1f} | {pre['tokens'] / (ms[name] / 1000):.0f} |" for name in (theirs, ours)),
+        "", f"{ours} over {theirs}: **{ms[theirs] / ms[ours]:.2f}x**."])
 
 
 def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
@@ -375,6 +422,7 @@ def blocks(root: Path) -> dict[str, str]:
     out["vllm"] = vllm_block(root)
     for ref in KERNELS:
         out[ref.block] = kernel_block(root, ref)
+    out["prefill-avx2"] = prefill_block(root)
     out["soak"] = soak_block(root)
     out["formats"] = formats_block(root)
     return out
