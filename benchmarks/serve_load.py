@@ -44,6 +44,8 @@ from typing import Iterator
 
 import httpx
 
+from nsd.bench.serve_report import scaling_table
+
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain in two sentences what a hash map is.",
@@ -168,27 +170,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def scaling_table(rows: list[dict]) -> str:
-    """Per method and level: aggregate tokens/s against one client's in the same round
-    (median over rounds), the worst round's latency p95, and the answers' agreement."""
-    out = ["| method | clients | tok/s (median of rounds) | × one client (paired) | "
-           "latency p95, worst round (ms) | agree with one client |", "|---|---|---|---|---|---|"]
-    by_key: dict[tuple[str, int], list[dict]] = {}
-    for r in rows:
-        by_key.setdefault((r["method"], r["clients"]), []).append(r)
-    for (method, clients), runs in by_key.items():
-        ones = {r["round"]: r for r in by_key.get((method, 1), [])}
-        ratios = [r["tokens_per_s"] / ones[r["round"]]["tokens_per_s"] for r in runs
-                  if r["round"] in ones and ones[r["round"]]["tokens_per_s"] > 0]
-        agree = [r["agree"] for r in runs if r.get("agree") is not None]
-        latencies = [r["latency_s_p95"] for r in runs if r["latency_s_p95"] is not None]
-        out.append(f"| {method} | {clients} | {statistics.median(r['tokens_per_s'] for r in runs):.1f} | "
-                   f"{format(statistics.median(ratios), '.2f') + '×' if ratios else '-'} | "
-                   f"{format(1e3 * max(latencies), '.0f') if latencies else '-'} | "
-                   f"{format(statistics.fmean(agree), '.0%') if agree else '-'} |")
-    return "\n".join(out)
-
-
 @contextlib.contextmanager
 def started_server(serve_args: list[str]) -> Iterator[tuple[str, str]]:
     """Run ``nsd serve SERVE_ARGS --port 0``; yield (URL, model id); SIGTERM at the end."""
@@ -256,7 +237,7 @@ def main() -> None:
     print(table(rows))
     if args.rounds > 1 or "1" in args.concurrency.split(","):
         print()
-        print(scaling_table(rows))
+        print("\n".join(scaling_table(rows)))
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsd import aggregate
-from nsd.bench import frontier, report, targets, vllm_report
+from nsd.bench import frontier, report, serve_report, targets, vllm_report
 from nsd.bench.methods import LLAMA_PEERS
 from nsd.bench.store import SUMMARY
 from nsd.errors import NSDError
@@ -352,6 +352,44 @@ def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
         f"memory stayed between {min(after):.0f} and {max(after):.0f} MiB. The soak's own checks: {checks}."])
 
 
+SERVE_BATCHING = KernelRef("zen4-host/serve-batching.json", "vnni", "b747e41",
+                           "python benchmarks/serve_load.py --methods ar,nsd --concurrency 1,4,16 --rounds 2 "
+                           "--requests 1 --max-tokens 48 --json benchmarks/results/zen4-host/serve-batching.json "
+                           "-- --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct "
+                           "--parallel 16 --n-ctx 1024 --proposer draft")
+SERVE_REUSE = KernelRef("zen4-2026-12-07/serve_prefix_cache_defaults.json", "vnni", "52928b3",
+                        "python benchmarks/serve_prefix_cache.py --proposer hybrid --max-chars 2600 "
+                        "--json benchmarks/results/zen4-2026-12-07/serve_prefix_cache_defaults.json")
+
+
+def _read_run(root: Path, ref: KernelRef) -> dict:
+    path = root / RESULTS / ref.path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the run ({exc})") from None
+
+
+def serve_block(root: Path, batching: KernelRef = SERVE_BATCHING, reuse: KernelRef = SERVE_REUSE) -> str:
+    """``nsd serve`` with several clients (throughput against one client, paired by round)
+    and a conversation's next turn with and without its prompt reused."""
+    load, chat = _read_run(root, batching), _read_run(root, reuse)
+    settings = load["settings"]
+    cpu = chat["cpu"]
+    return "\n".join([
+        f"**Several clients at once.** Run `{RESULTS}/{batching.path}`, committed in {batching.commit}: one server "
+        f"with 16 slots, every client sending one streamed chat completion of up to {settings['max_tokens']} tokens "
+        f"at temperature {settings['temperature']:g}; levels {settings['concurrency']} clients, "
+        f"{settings['rounds']} rounds, the second in reverse order. Command:",
+        "", "```bash", batching.command, "```", "", *serve_report.scaling_table(load["rows"]), "",
+        f"**The next turn of a conversation.** Run `{RESULTS}/{reuse.path}` (CPU as recorded: {cpu['model']}, "
+        f"{cpu['cores']} cores, AMX {cpu['amx']}; proposer {chat['proposer']}, k = {chat['k']}, "
+        f"{chat['max_tokens']} tokens a turn), committed in {reuse.commit}. Command:",
+        "", "```bash", reuse.command, "```", "", *serve_report.reuse_table(chat["rows"]), "",
+        f"The second turn's first token from the live cache: **{serve_report.reuse_speedup(chat['rows']):.1f}x** "
+        "sooner than the same prompt cold."])
+
+
 FORMATS = KernelRef("weight_formats_1.5b.json", "vnni", "08ff267",
                     "python benchmarks/weight_formats.py --model qwen2.5-coder-1.5b-instruct --repeats 9 "
                     "--problems 20 --out benchmarks/results/weight_formats_1.5b.json")
@@ -424,6 +462,7 @@ def blocks(root: Path) -> dict[str, str]:
         out[ref.block] = kernel_block(root, ref)
     out["prefill-avx2"] = prefill_block(root)
     out["soak"] = soak_block(root)
+    out["serve"] = serve_block(root)
     out["formats"] = formats_block(root)
     return out
 
