@@ -527,3 +527,16 @@ def test_the_draft_prefill_is_reported_apart_from_the_draft_per_pass(tmp_path: P
     assert row["draft_s_per_pass"] == pytest.approx(0.3 * len(sd) / passes)
     assert row["draft_prefill_s_mean"] is None
     assert any(line.startswith("| sd/draft |") and line.endswith("| - |") for line in cost_table(old))
+
+
+def test_the_cost_table_opens_with_ar_as_the_baseline(tmp_path: Path) -> None:
+    # AR's row gives the one-token step as the run measured it and the decode rate the
+    # speculative rows must beat; it has no draft columns.
+    records = BenchRunner(fake_engine(), CONFIG, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS)
+    settings = {"target": "mock", "draft": "mock-draft", "backend": "hf", "datasets": ["toy"],
+                "generation": {"max_new_tokens": 12, "temperature": 0.0, "k": 4}}
+    summary, _ = write_report(tmp_path / "out", records, METHODS, settings, max_other_cpu=1.0)
+    ar = next(r for r in summary if r["family"] == "ar")
+    lines = cost_table(summary)
+    assert lines[2].startswith(f"| {ar['method']} | 1.00 | - | - | - | {1e3 * ar['target_s_per_pass']:.1f} | - |")
+    assert lines[2].endswith("| - | - |")

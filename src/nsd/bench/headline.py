@@ -233,7 +233,8 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
         table += ["", "Where the time goes, per target pass (k̄: mean tokens drafted per pass; plain: "
                   "share of passes that drafted nothing; draft prefill: the draft model reading the prompt, "
                   "once per request, mean per prompt and not in draft ms, - where the run predates "
-                  "that measure):", "", *report.cost_table(rows)]
+                  "that measure; ar: the one-token step and the decode rate, prompt excluded, as measured "
+                  "in the run):", "", *report.cost_table(rows)]
     if fidelity:  # a frontier run: which rule is fastest at each quality level
         execute = any(aggregate.defined(r.get("pass_at_1")) for r in rows)
         points, quality = frontier.frontier_points(rows, execute)
