@@ -4,6 +4,7 @@ llama.cpp peer, AMX-only targets marked on other CPUs, and the part-by-part shor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,6 +73,21 @@ def test_sampled_run_on_a_cpu_without_amx_marks_amx_targets(tmp_path: Path) -> N
     sampled = checks[("NSD θ 0.9 ≥ 1.3× AR at T > 0", "nsd@0.9/draft")]
     assert sampled.verdict == "would be met (stated for AMX)"
     assert checks[("every method ≥ 0.97× AR", "sd/draft")].verdict == "met"  # for every CPU
+
+
+def test_avx2_targets_are_read_only_on_runs_known_to_be_from_an_avx2_cpu(tmp_path: Path) -> None:
+    # A run records its CPU's model and AMX, not its vector extensions: the AVX2 targets
+    # apply where the caller says the run is from an AVX2-only CPU, and nowhere else.
+    rows = [r for r in greedy_records() if not r["method"].startswith("llama")]
+    run = tg.load_run(write_run(tmp_path / "he", rows, 0.0, amx=False))
+    assert not any(c.target.cpu == "avx2" for c in tg.check(run))
+    avx2 = {(c.target.label, c.method): c for c in tg.check(dataclasses.replace(run, cpu_class="avx2"))}
+    nsd = avx2[("NSD θ 0.9 ≥ 1.3× AR at T = 0 (AVX2)", "nsd@0.9/draft")]
+    assert nsd.applies and nsd.verdict in ("met", "NOT met")
+    assert nsd.verdict == ("met" if nsd.ratio >= 1.3 else "NOT met")
+    sd = avx2[("SD ≥ 1.05× AR at T = 0 (AVX2)", "sd/draft")]
+    assert sd.ratio == pytest.approx(1.1) and sd.verdict == "met"  # 1.1 against 1.05
+    assert avx2[("SD ≥ 1.1× AR at T = 0", "sd/draft")].verdict.endswith("(stated for AMX)")
 
 
 def test_shortfall_splits_the_missing_time_by_part(tmp_path: Path) -> None:

@@ -442,7 +442,7 @@ def targets_block(root: Path) -> str:
     stated targets one row each, the "every method ≥ 0.97× AR" rows counted."""
     runs = {}
     for ref in RUNS:
-        run = dataclasses.replace(targets.load_run(root / RESULTS / ref.path), name=ref.path)
+        run = dataclasses.replace(targets.load_run(root / RESULTS / ref.path), name=ref.path, cpu_class=ref.cpu)
         runs[run.name] = run
     checks = [c for run in runs.values() for c in targets.check(run)]
     floor = [c for c in checks if c.target.family == "*"]
