@@ -88,6 +88,13 @@ def test_a_headline_row_says_how_many_of_its_calls_ran_under_load() -> None:
             assert (f"{loaded} of " in line) == (loaded > 0), line
 
 
+def test_each_kernel_table_shows_its_plot() -> None:
+    text = _read("BENCHMARKS.md")
+    for ref in headline.KERNELS:
+        assert (ROOT / ref.plot).is_file(), f"run: python benchmarks/headline.py (draws {ref.plot})"
+        assert f"]({ref.plot})" in text
+
+
 def test_the_prefill_block_is_the_runs_median_ratio() -> None:
     data = json.loads((RESULTS / headline.PREFILL.path).read_text(encoding="utf-8"))
     ms = data["prefill"]["ms"]

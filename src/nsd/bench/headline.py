@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsd import aggregate
-from nsd.bench import frontier, report, serve_report, targets, vllm_report
+from nsd.bench import frontier, plots, report, serve_report, targets, vllm_report
 from nsd.bench.methods import LLAMA_PEERS
 from nsd.bench.store import SUMMARY
 from nsd.errors import NSDError
@@ -122,6 +122,11 @@ class KernelRef:
     def block(self) -> str:
         """The name of its generated block: the file's name without .json, with dashes."""
         return "kernel-" + Path(self.path).stem.replace("_", "-")
+
+    @property
+    def plot(self) -> str:
+        """Its plot beside it (drawn by :func:`draw_kernel_plots`): the same name, .png."""
+        return f"{RESULTS}/{Path(self.path).with_suffix('.png').as_posix()}"
 
 
 _VK = "python benchmarks/verify_kernel.py "
@@ -289,7 +294,9 @@ def kernel_block(root: Path, ref: KernelRef) -> str:
         "", "```bash", ref.command, "```", "", *table, "",
         f"One-token step: {ours} / {theirs} = {one:.2f}. Argmax agreement with {theirs} "
         f"{min(a['argmax_agree'] for a in agree):.3f} at every n (softmax TV at most "
-        f"{max(a['tv_max'] for a in agree):.3f})." + invariance])
+        f"{max(a['tv_max'] for a in agree):.3f})." + invariance]
+        + (["", f"![step cost against tokens in the forward: {theirs} and {ours}]({ref.plot})"]
+           if (root / ref.plot).is_file() else []))
 
 
 SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
@@ -505,8 +512,23 @@ def stale(root: Path) -> list[str]:
     return out
 
 
+def draw_kernel_plots(root: Path) -> list[str]:
+    """Draw each cited kernel run's c(n) plot that is not there yet (a drawn PNG is kept as
+    it is: matplotlib's bytes vary between versions, and the run it shows does not)."""
+    drawn = []
+    for ref in KERNELS:
+        target = root / ref.plot
+        if not target.is_file():
+            data = json.loads((root / RESULTS / ref.path).read_text(encoding="utf-8"))
+            if plots.plot_kernel_costs(data, target) is not None:
+                drawn.append(ref.plot)
+    return drawn
+
+
 def write(root: Path) -> list[str]:
-    """Regenerate the marked blocks in place; returns the documents that changed."""
+    """Regenerate the marked blocks in place (drawing missing kernel plots first); returns
+    the documents that changed."""
+    draw_kernel_plots(root)
     generated = blocks(root)
     changed = []
     for name in DOCUMENTS:

@@ -211,3 +211,24 @@ def plot_vllm_speedups(summary: Sequence[dict], path: Path) -> Path | None:
         ax.set_ylabel("speed over vLLM plain (paired median)")
         ax.legend(fontsize=7)
     return path
+
+
+def plot_kernel_costs(data: dict, path: Path) -> Path | None:
+    """Step cost c(n) in ms against the tokens in the forward, one line per path of a
+    ``benchmarks/verify_kernel.py`` run (ggml's and nsd's kernel, measured interleaved), with
+    c(1)·n dashed: what n one-token steps would cost."""
+    paths = data.get("paths") or {}
+    if not paths:
+        return None
+    with _figure(path, (6.0, 3.6)) as ax:
+        for name, costs in paths.items():
+            ns = sorted(costs["c_ms"], key=int)
+            ax.plot([int(n) for n in ns], [costs["c_ms"][n] for n in ns], marker="o", label=name)
+        first = next(iter(paths.values()))["c_ms"]
+        ns = sorted((int(n) for n in first))
+        ax.plot(ns, [first["1"] * n for n in ns], color="grey", lw=0.8, ls="--", label="n one-token steps (ggml)")
+        ax.set_xlabel("tokens in the forward (n)")
+        ax.set_ylabel("ms per forward (median)")
+        ax.set_ylim(bottom=0, top=1.15 * max(max(c["c_ms"].values()) for c in paths.values()))
+        ax.legend(fontsize=7)
+    return path
