@@ -259,6 +259,11 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _plot_lines(root: Path, ref: KernelRef, alt: str) -> list[str]:
+    """A blank line and the run's plot, where it has been drawn (see draw_kernel_plots)."""
+    return ["", f"![{alt}]({ref.plot})"] if (root / ref.plot).is_file() else []
+
+
 def kernel_block(root: Path, ref: KernelRef) -> str:
     """c(n)/c(1) of ggml's path and nsd's kernel side by side, the one-token step's ratio,
     their agreement and which batch sizes kept every row bitwise the one-token step's."""
@@ -295,8 +300,7 @@ def kernel_block(root: Path, ref: KernelRef) -> str:
         f"One-token step: {ours} / {theirs} = {one:.2f}. Argmax agreement with {theirs} "
         f"{min(a['argmax_agree'] for a in agree):.3f} at every n (softmax TV at most "
         f"{max(a['tv_max'] for a in agree):.3f})." + invariance]
-        + (["", f"![step cost against tokens in the forward: {theirs} and {ours}]({ref.plot})"]
-           if (root / ref.plot).is_file() else []))
+        + _plot_lines(root, ref, f"step cost against tokens in the forward: {theirs} and {ours}"))
 
 
 SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
@@ -362,7 +366,8 @@ def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
         f"of {data['follow_ups_after_drop']} (on average {data['follow_up_cached_share']:.2f} of the prompt cached). "
         f"Resident memory {samples[0]['process_resident_memory_bytes'] / mib:.0f} MiB at the start; the prompt "
         f"cache reached its {data['cache_budget_mb']:.0f} MiB limit at {full['t_s'] / 60:.1f} min, after which "
-        f"memory stayed between {min(after):.0f} and {max(after):.0f} MiB. The soak's own checks: {checks}."])
+        f"memory stayed between {min(after):.0f} and {max(after):.0f} MiB. The soak's own checks: {checks}.",
+        *_plot_lines(root, ref, "resident memory and prompt cache over the soak")])
 
 
 SERVE_BATCHING = KernelRef("zen4-host/serve-batching.json", "vnni", "b747e41",
@@ -394,7 +399,8 @@ def serve_block(root: Path, batching: KernelRef = SERVE_BATCHING, reuse: KernelR
         f"with 16 slots, every client sending one streamed chat completion of up to {settings['max_tokens']} tokens "
         f"at temperature {settings['temperature']:g}; levels {settings['concurrency']} clients, "
         f"{settings['rounds']} rounds, the second in reverse order. Command:",
-        "", "```bash", batching.command, "```", "", *serve_report.scaling_table(load["rows"]), "",
+        "", "```bash", batching.command, "```", "", *serve_report.scaling_table(load["rows"]),
+        *_plot_lines(root, batching, "tokens/s against concurrent clients"), "",
         f"**The next turn of a conversation.** Run `{RESULTS}/{reuse.path}` (CPU as recorded: {cpu['model']}, "
         f"{cpu['cores']} cores, AMX {cpu['amx']}; proposer {chat['proposer']}, k = {chat['k']}, "
         f"{chat['max_tokens']} tokens a turn), committed in {reuse.commit}. Command:",
@@ -513,15 +519,17 @@ def stale(root: Path) -> list[str]:
 
 
 def draw_kernel_plots(root: Path) -> list[str]:
-    """Draw each cited kernel run's c(n) plot that is not there yet (a drawn PNG is kept as
-    it is: matplotlib's bytes vary between versions, and the run it shows does not)."""
+    """Draw each plot of a cited kernel, soak or serving run that is not there yet (a drawn
+    PNG is kept as it is: matplotlib's bytes vary between versions, and the run it shows
+    does not)."""
     drawn = []
-    for ref in KERNELS:
+    jobs = [(ref, plots.plot_kernel_costs) for ref in KERNELS] + [
+        (SOAK, lambda data, path: plots.plot_soak_memory(data["samples"], path)),
+        (SERVE_BATCHING, lambda data, path: plots.plot_serve_scaling(data["rows"], path))]
+    for ref, draw in jobs:
         target = root / ref.plot
-        if not target.is_file():
-            data = json.loads((root / RESULTS / ref.path).read_text(encoding="utf-8"))
-            if plots.plot_kernel_costs(data, target) is not None:
-                drawn.append(ref.plot)
+        if not target.is_file() and draw(_read_run(root, ref), target) is not None:
+            drawn.append(ref.plot)
     return drawn
 
 

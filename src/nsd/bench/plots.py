@@ -232,3 +232,47 @@ def plot_kernel_costs(data: dict, path: Path) -> Path | None:
         ax.set_ylim(bottom=0, top=1.15 * max(max(c["c_ms"].values()) for c in paths.values()))
         ax.legend(fontsize=7)
     return path
+
+
+def plot_soak_memory(samples: Sequence[dict], path: Path) -> Path | None:
+    """The server's resident memory and its prompt cache's bytes over a soak run (MiB
+    against minutes), with the cache's budget dashed: memory should level off once the
+    cache is full."""
+    if not samples:
+        return None
+    mib = 2 ** 20
+    minutes = [s["t_s"] / 60 for s in samples]
+    with _figure(path, (6.0, 3.6)) as ax:
+        ax.plot(minutes, [s["process_resident_memory_bytes"] / mib for s in samples], label="resident memory")
+        ax.plot(minutes, [s["nsd_prefix_cache_bytes_held"] / mib for s in samples], label="prompt cache held")
+        ax.axhline(samples[0]["nsd_prefix_cache_budget_bytes"] / mib, color="grey", lw=0.8, ls="--",
+                   label="prompt cache budget")
+        ax.set_xlabel("minutes")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    return path
+
+
+def plot_serve_scaling(rows: Sequence[dict], path: Path) -> Path | None:
+    """Aggregate tokens/s against concurrent clients, one line per method (the median over
+    rounds, as nsd.bench.serve_report.scaling_table gives it)."""
+    import statistics
+
+    by_key: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        by_key.setdefault((r["method"], r["clients"]), []).append(r["tokens_per_s"])
+    if not by_key:
+        return None
+    with _figure(path, (5.0, 3.4)) as ax:
+        for method in dict.fromkeys(m for m, _ in by_key):
+            clients = sorted(c for m, c in by_key if m == method)
+            ax.plot(clients, [statistics.median(by_key[(method, c)]) for c in clients], marker="o", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({c for _, c in by_key}))
+        ax.set_xticklabels([str(c) for c in sorted({c for _, c in by_key})])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("tokens/s, all clients (median of rounds)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    return path
