@@ -88,9 +88,9 @@ def test_a_headline_row_says_how_many_of_its_calls_ran_under_load() -> None:
             assert (f"{loaded} of " in line) == (loaded > 0), line
 
 
-def test_each_kernel_soak_and_serving_table_shows_its_plot() -> None:
+def test_each_measurement_table_shows_its_plot() -> None:
     text = _read("BENCHMARKS.md")
-    for ref in (*headline.KERNELS, headline.SOAK, headline.SERVE_BATCHING):
+    for ref in (*headline.KERNELS, headline.SOAK, headline.SERVE_BATCHING, headline.FORMATS, headline.PREFILL):
         assert (ROOT / ref.plot).is_file(), f"run: python benchmarks/headline.py (draws {ref.plot})"
         assert f"]({ref.plot})" in text
 

@@ -333,7 +333,8 @@ def prefill_block(root: Path, ref: KernelRef = PREFILL) -> str:
         "Command:", "", "```bash", ref.command, "```", "",
         "| path | prefill s | prompt tokens/s |", "|---|---|---|",
         *(f"| {name} | {ms[name] / 1000:.1f} | {pre['tokens'] / (ms[name] / 1000):.0f} |" for name in (theirs, ours)),
-        "", f"{ours} over {theirs}: **{ms[theirs] / ms[ours]:.2f}x**."])
+        "", f"{ours} over {theirs}: **{ms[theirs] / ms[ours]:.2f}x**.",
+        *_plot_lines(root, ref, f"prefill time of a {pre['tokens']}-token prompt per path")])
 
 
 def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
@@ -434,7 +435,8 @@ def formats_block(root: Path, ref: KernelRef = FORMATS) -> str:
         f"problems with their canonical solutions; CPU as recorded: {cpu['model']}, {cpu['cores']} cores), "
         f"committed in {ref.commit}. Command:", "", "```bash", ref.command, "```", "", *table, "",
         "Its step-cost columns are not shown: the run was flagged as made under load." if loaded else
-        "Step costs per format: `c_ms` in the run's JSON."])
+        "Step costs per format: `c_ms` in the run's JSON.",
+        *_plot_lines(root, ref, "perplexity against file size per weight format")])
 
 
 def vllm_block(root: Path) -> str:
@@ -525,7 +527,9 @@ def draw_kernel_plots(root: Path) -> list[str]:
     drawn = []
     jobs = [(ref, plots.plot_kernel_costs) for ref in KERNELS] + [
         (SOAK, lambda data, path: plots.plot_soak_memory(data["samples"], path)),
-        (SERVE_BATCHING, lambda data, path: plots.plot_serve_scaling(data["rows"], path))]
+        (SERVE_BATCHING, lambda data, path: plots.plot_serve_scaling(data["rows"], path)),
+        (FORMATS, lambda data, path: plots.plot_weight_formats(data["rows"], path)),
+        (PREFILL, lambda data, path: plots.plot_prefill(data["prefill"]["ms"], data["prefill"]["tokens"], path))]
     for ref, draw in jobs:
         target = root / ref.plot
         if not target.is_file() and draw(_read_run(root, ref), target) is not None:

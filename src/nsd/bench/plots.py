@@ -276,3 +276,35 @@ def plot_serve_scaling(rows: Sequence[dict], path: Path) -> Path | None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     return path
+
+
+def plot_weight_formats(rows: Sequence[dict], path: Path) -> Path | None:
+    """Perplexity against file size per weight format (benchmarks/weight_formats.py), each
+    point labelled with its format and its argmax agreement with the original file."""
+    if not rows:
+        return None
+    with _figure(path, (5.0, 3.4)) as ax:
+        for r in rows:
+            ax.scatter(r["size_mib"], r["perplexity"])
+            ax.annotate(f"{r['format']} (argmax = original {r['argmax_agreement_with_original']:.3f})",
+                        (r["size_mib"], r["perplexity"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel("file size (MiB)")
+        ax.set_ylabel("perplexity, held-in text")
+        lo, hi = min(r["size_mib"] for r in rows), max(r["size_mib"] for r in rows)
+        ax.set_xlim(lo - 0.1 * (hi - lo), hi + 0.6 * (hi - lo))
+    return path
+
+
+def plot_prefill(ms: dict[str, float], tokens: int, path: Path) -> Path | None:
+    """One long prompt's prefill time per path (benchmarks/verify_kernel.py --prefill)."""
+    if not ms:
+        return None
+    with _figure(path, (4.5, 2.6)) as ax:
+        names = list(ms)
+        bars = ax.barh(names, [ms[n] / 1000 for n in names])
+        for bar, n in zip(bars, names):
+            ax.annotate(f"{ms[n] / 1000:.1f} s", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set_xlabel(f"seconds to prefill {tokens} tokens")
+        ax.set_xlim(0, 1.2 * max(ms.values()) / 1000)
+    return path
