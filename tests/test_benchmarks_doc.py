@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nsd.bench import headline
+from nsd.bench import headline, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -90,15 +90,15 @@ def test_a_headline_row_says_how_many_of_its_calls_ran_under_load() -> None:
 
 def test_each_measurement_table_shows_its_plot() -> None:
     text = _read("BENCHMARKS.md")
-    for ref in (*headline.KERNELS, headline.SOAK, headline.SERVE_BATCHING, headline.FORMATS, headline.PREFILL):
+    for ref in (*measured.KERNELS, measured.SOAK, measured.SERVE_BATCHING, measured.FORMATS, measured.PREFILL):
         assert (ROOT / ref.plot).is_file(), f"run: python benchmarks/headline.py (draws {ref.plot})"
         assert f"]({ref.plot})" in text
 
 
 def test_the_prefill_block_is_the_runs_median_ratio() -> None:
-    data = json.loads((RESULTS / headline.PREFILL.path).read_text(encoding="utf-8"))
+    data = json.loads((RESULTS / measured.PREFILL.path).read_text(encoding="utf-8"))
     ms = data["prefill"]["ms"]
-    block = headline.prefill_block(ROOT)
+    block = measured.prefill_block(ROOT)
     assert f"**{ms['ggml'] / ms['avx2 small-batch']:.2f}x**" in block
     assert f"median of {data['prefill']['repeats']}" in block
 
