@@ -95,6 +95,9 @@ RUNS: tuple[RunRef, ...] = (
     RunRef("zen3/humaneval40-t0.8", "avx2", "HumanEval-40, T = 0.8", "eb3a104",
            _zen3("--dataset humaneval --limit 40 --temperature 0.8 --top-p 0.95 --seed 0", "humaneval40-t0.8"),
            "hybrid"),
+    RunRef("zen3/specbench39-t0.8", "avx2", "Spec-Bench 13×3, T = 0.8", "c738a1a",
+           _zen3("--dataset spec-bench --limit 3 --per-category --temperature 0.8 --top-p 0.95 --seed 0",
+                 "specbench39-t0.8"), "hybrid"),
 )
 
 # The quality-speed frontier: θ, budgets and typical acceptance at a fixed k = 4 (Zen 4,
