@@ -88,7 +88,7 @@ RUNS: tuple[RunRef, ...] = (
            "hybrid"),
     RunRef("zen3/humaneval20-t0", "avx2", "HumanEval-20, T = 0", "bdd65bb",
            _zen3("--dataset humaneval --limit 20", "humaneval20-t0"), "hybrid"),
-    RunRef("zen3/humaneval40-t0", "avx2", "HumanEval-40, T = 0", "5593d70",
+    RunRef("zen3/humaneval40-t0", "avx2", "HumanEval-40, T = 0", "29564ca",
            _zen3("--dataset humaneval --limit 40", "humaneval40-t0"), "hybrid", True),
     RunRef("zen3/specbench39-t0", "avx2", "Spec-Bench 13×3, T = 0", "a745dcb",
            _zen3("--dataset spec-bench --limit 3 --per-category", "specbench39-t0"), "hybrid", True),
