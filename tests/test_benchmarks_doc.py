@@ -191,3 +191,20 @@ def test_each_cited_commit_holds_its_run() -> None:
         spec = f"{run.commit}:{headline.RESULTS}/{run.path}/settings.json"
         found = subprocess.run(["git", "cat-file", "-e", spec], cwd=ROOT, capture_output=True)
         assert found.returncode == 0, spec
+
+
+def test_the_measurement_plots_draw_from_their_runs(tmp_path: Path) -> None:
+    # The committed PNGs are only redrawn when missing: draw each once here from its run,
+    # so a plot function that no longer reads its JSON fails in the suite, not at the next run.
+    from nsd.bench import plots
+
+    def run(ref):
+        return json.loads((RESULTS / ref.path).read_text(encoding="utf-8"))
+
+    drawn = [plots.plot_kernel_costs(run(ref), tmp_path / f"k{i}.png") for i, ref in enumerate(measured.KERNELS)]
+    drawn += [plots.plot_soak_memory(run(measured.SOAK)["samples"], tmp_path / "soak.png"),
+              plots.plot_serve_scaling(run(measured.SERVE_BATCHING)["rows"], tmp_path / "serve.png"),
+              plots.plot_weight_formats(run(measured.FORMATS)["rows"], tmp_path / "formats.png"),
+              plots.plot_prefill(run(measured.PREFILL)["prefill"]["ms"], 1500, tmp_path / "prefill.png")]
+    for path in drawn:
+        assert path is not None and path.stat().st_size > 1000

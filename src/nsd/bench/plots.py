@@ -234,6 +234,14 @@ def plot_kernel_costs(data: dict, path: Path) -> Path | None:
     return path
 
 
+def _label(ax, xlabel: str, ylabel: str) -> None:
+    """Axis names, a y axis from zero, and the legend: the measurement plots' common finish."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+
+
 def plot_soak_memory(samples: Sequence[dict], path: Path) -> Path | None:
     """The server's resident memory and its prompt cache's bytes over a soak run (MiB
     against minutes), with the cache's budget dashed: memory should level off once the
@@ -247,10 +255,7 @@ def plot_soak_memory(samples: Sequence[dict], path: Path) -> Path | None:
         ax.plot(minutes, [s["nsd_prefix_cache_bytes_held"] / mib for s in samples], label="prompt cache held")
         ax.axhline(samples[0]["nsd_prefix_cache_budget_bytes"] / mib, color="grey", lw=0.8, ls="--",
                    label="prompt cache budget")
-        ax.set_xlabel("minutes")
-        ax.set_ylabel("MiB")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
+        _label(ax, "minutes", "MiB")
     return path
 
 
@@ -271,10 +276,7 @@ def plot_serve_scaling(rows: Sequence[dict], path: Path) -> Path | None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({c for _, c in by_key}))
         ax.set_xticklabels([str(c) for c in sorted({c for _, c in by_key})])
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel("tokens/s, all clients (median of rounds)")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
+        _label(ax, "concurrent clients", "tokens/s, all clients (median of rounds)")
     return path
 
 
