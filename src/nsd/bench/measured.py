@@ -23,9 +23,10 @@ def _f(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 @dataclass(frozen=True)
-class KernelRef:
-    """One cited kernel measurement (``benchmarks/verify_kernel.py --out``): both paths'
-    step costs in one interleaved run, their agreement and the batch-invariance check."""
+class MeasuredRef:
+    """One cited measurement file under ``benchmarks/results/`` that is not an ``nsd bench``
+    run (a kernel run of ``benchmarks/verify_kernel.py --out``, the soak, a serving or
+    weight-format run): where it lies, its CPU class, the commit that added it, its command."""
 
     path: str  # the JSON under benchmarks/results/
     cpu: str  # a CpuClass key
@@ -34,7 +35,7 @@ class KernelRef:
 
     @property
     def block(self) -> str:
-        """The name of its generated block: the file's name without .json, with dashes."""
+        """A kernel run's generated block: the file's name without .json, with dashes."""
         return "kernel-" + Path(self.path).stem.replace("_", "-")
 
     @property
@@ -45,34 +46,40 @@ class KernelRef:
 
 _VK = "python benchmarks/verify_kernel.py "
 KERNELS = (
-    KernelRef("verify_kernel.json", "amx", "068c68e",
+    MeasuredRef("verify_kernel.json", "amx", "068c68e",
               _VK + "--kernel amx --target qwen2.5-coder-1.5b-instruct --repeats 9 "
               "--ns 1,2,3,4,5,6,7,8,9,10,11,12,17 --out benchmarks/results/verify_kernel.json"),
-    KernelRef("verify_kernel_vnni_zen4_runE.json", "vnni", "1030098",
+    MeasuredRef("verify_kernel_vnni_zen4_runE.json", "vnni", "1030098",
               "GGML_NO_AMX=1 " + _VK + "--kernel vnni --repeats 9 --ns 1,2,3,4,5,6,7,8,9,12,16,17 "
               "--out benchmarks/results/verify_kernel_vnni_zen4_runE.json"),
-    KernelRef("verify_kernel_vnni_zen4_runF.json", "vnni", "1030098",
+    MeasuredRef("verify_kernel_vnni_zen4_runF.json", "vnni", "1030098",
               "GGML_NO_AMX=1 " + _VK + "--kernel vnni --repeats 9 --ns 1,2,3,4,5,6,7,8,9,12,16,17 "
               "--out benchmarks/results/verify_kernel_vnni_zen4_runF.json"),
-    KernelRef("avx2/verify_kernel_avx2_zen3_quiet.json", "avx2", "07c2043",
-              "python benchmarks/verify_kernel.py --kernel avx2 --target qwen2.5-coder-1.5b-instruct "
+    MeasuredRef("avx2/verify_kernel_avx2_zen3_quiet.json", "avx2", "07c2043",
+              _VK + "--kernel avx2 --target qwen2.5-coder-1.5b-instruct "
               "--weights q4_0 --threads 2 --repeats 7 --ns 1,2,3,4,5,6,7,8,9,16 "
               "--out benchmarks/results/avx2/verify_kernel_avx2_zen3_quiet.json"),
 )
 
-def _plot_lines(root: Path, ref: KernelRef, alt: str) -> list[str]:
+
+def _read_run(root: Path, ref: MeasuredRef, what: str = "run") -> dict:
+    """The measurement's JSON, or an NSDError naming the file and what it is."""
+    path = root / RESULTS / ref.path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NSDError(f"{path}: cannot read the {what} ({exc})") from None
+
+
+def _plot_lines(root: Path, ref: MeasuredRef, alt: str) -> list[str]:
     """A blank line and the run's plot, where it has been drawn (see draw_plots)."""
     return ["", f"![{alt}]({ref.plot})"] if (root / ref.plot).is_file() else []
 
 
-def kernel_block(root: Path, ref: KernelRef) -> str:
+def kernel_block(root: Path, ref: MeasuredRef) -> str:
     """c(n)/c(1) of ggml's path and nsd's kernel side by side, the one-token step's ratio,
     their agreement and which batch sizes kept every row bitwise the one-token step's."""
-    path = root / RESULTS / ref.path
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise NSDError(f"{path}: cannot read the kernel run ({exc})") from None
+    data = _read_run(root, ref, "kernel run")
     theirs, ours = data["paths"]  # ggml's first, as verify_kernel.py writes them
     ns = sorted(data["paths"][ours]["ratio"], key=int)
     table = ["| n | " + " | ".join(ns) + " |", "|---" * (len(ns) + 1) + "|"]
@@ -104,26 +111,22 @@ def kernel_block(root: Path, ref: KernelRef) -> str:
         + _plot_lines(root, ref, f"step cost against tokens in the forward: {theirs} and {ours}"))
 
 
-SOAK = KernelRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
+SOAK = MeasuredRef("serve/soak-20min-zen3.json", "avx2", "7ad1858",
                  "python benchmarks/serve_soak.py --minutes 20 --clients 4 "
                  "--json benchmarks/results/serve/soak-20min-zen3.json -- --target smollm2-135m-instruct "
                  "--proposer ngram --n-ctx 2048 --threads 1")
 
 
-PREFILL = KernelRef("avx2/prefill_avx2_zen3_quiet.json", "avx2", "52e0872",
+PREFILL = MeasuredRef("avx2/prefill_avx2_zen3_quiet.json", "avx2", "52e0872",
                     _VK + "--kernel avx2 --target qwen2.5-coder-1.5b-instruct --weights q4_0 --threads 2 "
                     "--repeats 1 --ns 1,2 --prefill 1500 --prefill-repeats 3 "
                     "--out benchmarks/results/avx2/prefill_avx2_zen3_quiet.json")
 
 
-def prefill_block(root: Path, ref: KernelRef = PREFILL) -> str:
+def prefill_block(root: Path, ref: MeasuredRef = PREFILL) -> str:
     """A long prompt's prefill on ggml's path and on nsd's kernel, interleaved (the run's
     c(1)/c(2) are from one repetition and left out)."""
-    path = root / RESULTS / ref.path
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise NSDError(f"{path}: cannot read the prefill run ({exc})") from None
+    data = _read_run(root, ref, "prefill run")
     theirs, ours = data["paths"]
     pre, cpu = data["prefill"], data["cpu"]
     ms = pre["ms"]
@@ -138,15 +141,11 @@ def prefill_block(root: Path, ref: KernelRef = PREFILL) -> str:
         *_plot_lines(root, ref, f"prefill time of a {pre['tokens']}-token prompt per path")])
 
 
-def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
+def soak_block(root: Path, ref: MeasuredRef = SOAK) -> str:
     """The server soak (benchmarks/serve_soak.py): requests and statuses per kind, 5xx,
     latency, greedy answers against their run alone, prompt reuse after a dropped stream,
     and resident memory beside the prompt cache's bytes over the run."""
-    path = root / RESULTS / ref.path
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise NSDError(f"{path}: cannot read the soak run ({exc})") from None
+    data = _read_run(root, ref, "soak run")
     table = ["| kind | requests | statuses | p50 s | p95 s |", "|---|---|---|---|---|"]
     for kind, row in data["by_kind"].items():
         statuses = ", ".join(f"{n} × {code}" for code, n in sorted(row["statuses"].items()))
@@ -172,28 +171,20 @@ def soak_block(root: Path, ref: KernelRef = SOAK) -> str:
         *_plot_lines(root, ref, "resident memory and prompt cache over the soak")])
 
 
-SERVE_BATCHING = KernelRef("zen4-host/serve-batching.json", "vnni", "b747e41",
+SERVE_BATCHING = MeasuredRef("zen4-host/serve-batching.json", "vnni", "b747e41",
                            "python benchmarks/serve_load.py --methods ar,nsd --concurrency 1,4,16 --rounds 2 "
                            "--requests 1 --max-tokens 48 --json benchmarks/results/zen4-host/serve-batching.json "
                            "-- --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct "
                            "--parallel 16 --n-ctx 1024 --proposer draft")
-SERVE_REUSE = KernelRef("zen4-2026-12-07/serve_prefix_cache_defaults.json", "vnni", "52928b3",
+SERVE_REUSE = MeasuredRef("zen4-2026-12-07/serve_prefix_cache_defaults.json", "vnni", "52928b3",
                         "python benchmarks/serve_prefix_cache.py --proposer hybrid --max-chars 2600 "
                         "--json benchmarks/results/zen4-2026-12-07/serve_prefix_cache_defaults.json")
 
 
-def _read_run(root: Path, ref: KernelRef) -> dict:
-    path = root / RESULTS / ref.path
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise NSDError(f"{path}: cannot read the run ({exc})") from None
-
-
-def serve_block(root: Path, batching: KernelRef = SERVE_BATCHING, reuse: KernelRef = SERVE_REUSE) -> str:
+def serve_block(root: Path, batching: MeasuredRef = SERVE_BATCHING, reuse: MeasuredRef = SERVE_REUSE) -> str:
     """``nsd serve`` with several clients (throughput against one client, paired by round)
     and a conversation's next turn with and without its prompt reused."""
-    load, chat = _read_run(root, batching), _read_run(root, reuse)
+    load, chat = _read_run(root, batching, "serving run"), _read_run(root, reuse, "serving run")
     settings = load["settings"]
     cpu = chat["cpu"]
     return "\n".join([
@@ -211,20 +202,16 @@ def serve_block(root: Path, batching: KernelRef = SERVE_BATCHING, reuse: KernelR
         "sooner than the same prompt cold."])
 
 
-FORMATS = KernelRef("weight_formats_1.5b.json", "vnni", "08ff267",
+FORMATS = MeasuredRef("weight_formats_1.5b.json", "vnni", "08ff267",
                     "python benchmarks/weight_formats.py --model qwen2.5-coder-1.5b-instruct --repeats 9 "
                     "--problems 20 --out benchmarks/results/weight_formats_1.5b.json")
 
 
-def formats_block(root: Path, ref: KernelRef = FORMATS) -> str:
+def formats_block(root: Path, ref: MeasuredRef = FORMATS) -> str:
     """What each weight format costs in quality (benchmarks/weight_formats.py): size,
     perplexity of held-in text and argmax agreement with the original file. Its timings are
     left out when the run was flagged as loaded (they were, for this run)."""
-    path = root / RESULTS / ref.path
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise NSDError(f"{path}: cannot read the weight-format run ({exc})") from None
+    data = _read_run(root, ref, "weight-format run")
     base = data["rows"][0]["perplexity"]  # the original file comes first
     table = ["| format | file | MiB | perplexity | vs original | argmax = original |", "|---|---|---|---|---|---|"]
     table += [f"| {r['format']} | `{r['file']}` | {r['size_mib']:.0f} | {r['perplexity']:.3f} | {r['perplexity'] / base - 1:+.1%} | "
@@ -241,9 +228,8 @@ def formats_block(root: Path, ref: KernelRef = FORMATS) -> str:
 
 
 def draw_plots(root: Path) -> list[str]:
-    """Draw each plot of a cited kernel, soak or serving run that is not there yet (a drawn
-    PNG is kept as it is: matplotlib's bytes vary between versions, and the run it shows
-    does not)."""
+    """Draw each cited measurement's plot that is not there yet (a drawn PNG is kept as it
+    is: matplotlib's bytes vary between versions, and the run it shows does not)."""
     drawn = []
     jobs = [(ref, plots.plot_kernel_costs) for ref in KERNELS] + [
         (SOAK, lambda data, path: plots.plot_soak_memory(data["samples"], path)),

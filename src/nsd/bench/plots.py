@@ -12,6 +12,9 @@
 * ``acceptance_by_position.png``: P(draft position i accepted | reached), one line per method.
 * ``vllm_speedups.png`` (``benchmarks/vllm_bench.py``): each vLLM method's speed over vLLM
   plain, one bar per temperature, labelled with its D/token.
+* The measurement plots BENCHMARKS.md shows beside their JSON (:mod:`nsd.bench.measured`):
+  step cost against tokens per forward, a long prompt's prefill, memory over the server
+  soak, tokens/s against concurrent clients, perplexity against size per weight format.
 """
 
 from __future__ import annotations
@@ -213,6 +216,14 @@ def plot_vllm_speedups(summary: Sequence[dict], path: Path) -> Path | None:
     return path
 
 
+def _label(ax, xlabel: str, ylabel: str) -> None:
+    """Axis names, a y axis from zero, and the legend: the measurement plots' common finish."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+
+
 def plot_kernel_costs(data: dict, path: Path) -> Path | None:
     """Step cost c(n) in ms against the tokens in the forward, one line per path of a
     ``benchmarks/verify_kernel.py`` run (ggml's and nsd's kernel, measured interleaved), with
@@ -227,19 +238,9 @@ def plot_kernel_costs(data: dict, path: Path) -> Path | None:
         first = next(iter(paths.values()))["c_ms"]
         ns = sorted((int(n) for n in first))
         ax.plot(ns, [first["1"] * n for n in ns], color="grey", lw=0.8, ls="--", label="n one-token steps (ggml)")
-        ax.set_xlabel("tokens in the forward (n)")
-        ax.set_ylabel("ms per forward (median)")
-        ax.set_ylim(bottom=0, top=1.15 * max(max(c["c_ms"].values()) for c in paths.values()))
-        ax.legend(fontsize=7)
+        _label(ax, "tokens in the forward (n)", "ms per forward (median)")
+        ax.set_ylim(top=1.15 * max(max(c["c_ms"].values()) for c in paths.values()))  # the dashed line runs on
     return path
-
-
-def _label(ax, xlabel: str, ylabel: str) -> None:
-    """Axis names, a y axis from zero, and the legend: the measurement plots' common finish."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
 
 
 def plot_soak_memory(samples: Sequence[dict], path: Path) -> Path | None:
