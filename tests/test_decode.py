@@ -4,7 +4,6 @@ sequence-level fidelity, stopping, and the n-gram proposer."""
 from __future__ import annotations
 
 import itertools
-import time
 import math
 
 import pytest
@@ -383,28 +382,47 @@ def test_stop_scanner_reaches_back_past_tokens_that_decode_to_nothing() -> None:
     assert scan(generated)
 
 
-class _SlowPromptLM(MockLM):
-    """A draft whose forwards over more than 2 tokens (the prompt) take at least 30 ms."""
+class _ClockedLM(MockLM):
+    """A draft whose forwards advance a fake clock by one second per token read, and that
+    records each forward's length: the draft's timings become exact token counts, whatever
+    the load on the machine."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.now = 0.0
+        self.reads: list[int] = []
 
     def forward(self, tokens, all_logits: bool = True):
-        if len(tokens) > 2:
-            time.sleep(0.03)
+        self.now += len(tokens)
+        self.reads.append(len(tokens))
         return super().forward(tokens, all_logits)
 
 
-def test_the_draft_reading_the_prompt_is_reported_apart_from_its_blocks() -> None:
-    target = MockLM(vocab_size=32, seed=0)
-    draft = DraftModelProposer(_SlowPromptLM(vocab_size=32, seed=0), GREEDY, target.vocab_size)
+def test_the_draft_reading_the_prompt_is_reported_apart_from_its_blocks(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from nsd import decode as decode_module
+    from nsd.proposers import draft_model
+
+    target = MockLM(vocab_size=32, seed=0)  # its forwards take no time on the fake clock
+    lm = _ClockedLM(vocab_size=32, seed=0)
+    for module in (draft_model, decode_module):  # the proposer's clock and the loop's alike
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: lm.now))
+    draft = DraftModelProposer(lm, GREEDY, target.vocab_size)
     prompt = tuple(range(1, 9))
     config = DecodeConfig(sampling=GREEDY, k=3, max_new_tokens=12)
     _, stats = _run(target, config, draft, prompt=prompt)
-    assert 0.03 <= stats.draft_prefill_s < 0.06  # the one forward that read the prompt
-    assert stats.draft_prefill_s < stats.propose_s
+    # Only the first forward read the prompt: its tokens are the count, no block's are.
+    assert lm.reads[0] >= len(prompt) and len(lm.reads) > 1
+    assert stats.draft_prefill_s == lm.reads[0]
+    assert stats.propose_s == sum(lm.reads) > stats.draft_prefill_s
     assert stats.to_dict()["draft_prefill_s"] == stats.draft_prefill_s
-    # Again with the same proposer: its cache holds the prompt, so it reads the last prompt
-    # token alone, and begin() started the count afresh.
+    # Again with the same proposer: its cache holds the prompt, so it reads from the last
+    # prompt token on, and begin() started the count afresh.
+    first_of_again = len(lm.reads)
     _, again = _run(target, config, draft, prompt=prompt)
-    assert 0.0 < again.draft_prefill_s < 0.03
+    assert 0 < lm.reads[first_of_again] < len(prompt)
+    assert again.draft_prefill_s == lm.reads[first_of_again]
     _, lookup = _run(target, DecodeConfig(sampling=GREEDY, k=3, max_new_tokens=12), NgramProposer(NgramConfig()),
                      prompt=prompt)
     assert lookup.draft_prefill_s == 0.0

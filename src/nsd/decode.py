@@ -455,9 +455,8 @@ def decode(
         if new and new[-1] in eos or stop_check is not None and stop_check(generated):
             tally.stop_reason = "eos" if new and new[-1] in eos else "stop"
             break
-    # getattr: a proposer written to the protocol without subclassing it reads no prompt
     return tally.to_stats(method_name(config), policy.predicted_tokens_per_s,
-                          getattr(drafter, "prefill_s", 0.0))
+                          drafter.prefill_s if drafter is not None else 0.0)
 
 
 def _accept(target: ModelBackend, context: list[int], logits: torch.Tensor,
