@@ -351,6 +351,28 @@ def test_k_variants_are_labelled_and_paired_with_their_sd(tmp_path: Path) -> Non
     assert 1.0 < {r["method"]: r["mean_k"] for r in summary}["sd/draft/k=2"] <= 2.0
 
 
+def test_draft_context_variants_are_labelled_paired_and_run(tmp_path: Path) -> None:
+    specs = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"], ks=[2], contexts=[0, 3])
+    labels = [s.label for s in specs]
+    assert labels == ["ar", "sd/draft/k=2/ctx=all", "sd/draft/k=2/ctx=3",
+                      "nsd@0.9/draft/k=2/ctx=all", "nsd@0.9/draft/k=2/ctx=3"]
+    by = {s.label: s for s in specs}
+    assert by["nsd@0.9/draft/k=2/ctx=3"].sd_baseline == "sd/draft/k=2/ctx=3"
+    assert by["sd/draft/k=2/ctx=3"].generation_config(GenerationConfig()).draft_context == 3
+    assert by["sd/draft/k=2/ctx=all"].generation_config(GenerationConfig(draft_context=9)).draft_context == 0
+    assert by["ar"].generation_config(GenerationConfig(draft_context=9)).method == "ar"
+    with pytest.raises(NSDError, match="--draft-contexts must be a whole number >= 0"):
+        expand_methods(["sd"], [0.9], [], ["draft"], contexts=[-1])
+    config = RunConfig(methods=specs, generation=GenerationConfig(max_new_tokens=8), warmup=False)
+    records = BenchRunner(fake_engine(), config, Journal(tmp_path, SETTINGS), progress=False).run(PROMPTS[:2])
+    # Greedy SD stays AR whatever the draft reads.
+    by_prompt: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt"], {})[r["method"]] = r
+    for rs in by_prompt.values():
+        assert rs["sd/draft/k=2/ctx=3"]["output_ids"] == rs["sd/draft/k=2/ctx=all"]["output_ids"] == rs["ar"]["output_ids"]
+
+
 def test_rerun_loaded_drops_whole_prompts(tmp_path: Path) -> None:
     journal = Journal(tmp_path, SETTINGS)
     for prompt, method, flagged in [("p1", "ar", False), ("p1", "sd/draft", True),

@@ -91,7 +91,8 @@ def test_rules_frontier_table_and_plot_from_a_smoke_sized_run(tmp_path: Path) ->
     records, state = fr.read_run(tmp_path)
     assert state == "in progress: the 2 prompts every method has finished"
     blocks = fr.run_reading("run", records, state)
-    table = blocks[-1].splitlines()
+    table = next(b for b in blocks if b.startswith("Fastest rule")).splitlines()
+    assert blocks[-1].startswith("| method | relaxed / 100 tokens")  # what the relaxed accepts cost
     assert table[2] == "| quality ≥ | fastest | speedup | nsd | topk_delta | fly |"
     # At AR's pass@1 (2/2) nsd and fly fall short: top-K/δ is the fastest there.
     assert table[4] == "| AR's | topk_delta@K10,d0.6/draft | 1.40 | - | 1.40 | - |"
@@ -99,3 +100,20 @@ def test_rules_frontier_table_and_plot_from_a_smoke_sized_run(tmp_path: Path) ->
     assert table[6].startswith("| AR − 2 problems | nsd@0.9/draft | 1.50 | 1.50 | 1.40 | 1.30 |")
     path = fr.write_rules_plot(tmp_path, records)
     assert path == tmp_path / "frontier_rules.png" and path.stat().st_size > 1000
+
+
+def test_relaxed_cost_table_divides_the_loglik_change_by_the_relaxed_rate() -> None:
+    rows = []
+    for p in ("p0", "p1"):
+        rows += [record(p, "ar", 10, True), record(p, "sd/draft", 12, True)]
+        nsd = record(p, "nsd@0.9/draft", 15, True)
+        nsd["loglik"] = -0.3  # 0.1 nats/token below AR's -0.2 on both prompts
+        rows.append(nsd)
+    lines = fr.relaxed_cost_table(summarize(rows, METHODS))
+    assert lines[0].startswith("| method | relaxed / 100 tokens | D per relaxed accept |")
+    # 2 relaxed accepts in 10 tokens per prompt: 20 per 100, D 0.5 each time -> 0.25 per
+    # accept; -0.1 nats/token over 0.2 relaxed accepts/token -> -0.5 nats per accept.
+    assert lines[2:] == ["| nsd@0.9/draft | 20.0 | 0.25 | -0.100 | -0.50 |"]
+    # A summary written before relaxed_per_token: no table rather than a guess.
+    old = [{k: v for k, v in r.items() if k != "relaxed_per_token"} for r in summarize(rows, METHODS)]
+    assert fr.relaxed_cost_table(old) == []

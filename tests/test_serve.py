@@ -168,6 +168,14 @@ def test_k_auto_is_passed_to_the_library(server) -> None:
     assert stats["new_tokens"] == 6 and all(k <= 3 for k in stats["k_per_pass"])
 
 
+def test_draft_context_is_passed_to_the_library(server) -> None:
+    client, _ = server
+    r = _completion(client, max_tokens=6, nsd={"method": "sd", "draft_context": 1})
+    assert r.status_code == 200 and r.json()["usage"]["nsd"]["new_tokens"] == 6
+    card = client.get("/v1/models").json()["data"][0]
+    assert card["nsd"]["defaults"]["draft_context"] == 0
+
+
 BAD = [
     ("/v1/completions", b"{not json", 400, None, "invalid_json"),
     ("/v1/completions", b"[1, 2]", 400, None, "invalid_json"),
@@ -235,6 +243,8 @@ BAD = [
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": 4, "k_max": 4}}, 400,
      "nsd.k_max", None),
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k_max": 0}}, 400, "nsd.k_max", None),
+    ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"draft_context": -5}}, 400,
+     "nsd.draft_context", None),
     # Past the option's range (64), and past the k_max whose step costs the batched server
     # measured (8): both named before queueing.
     ("/v1/completions", {"model": "mock", "prompt": "ab", "nsd": {"k": "auto", "k_max": 1000}}, 400,

@@ -45,6 +45,7 @@ class DecodeConfig:
     adaptive_k: bool = False
     auto_k: bool = False
     k_max: int = optspec.default("k_max")
+    draft_context: int = optspec.default("draft_context")  # read by the engine's draft proposer
     max_new_tokens: int = 128
     seed: int = 0
     # Log-probabilities of each emitted token and of the ``logprobs`` most likely ones

@@ -251,7 +251,8 @@ class Engine:
             return NgramProposer(self.ngram)
         draft = DraftModelProposer(self.draft, config.sampling, self.target.vocab_size,
                                    self.draft_model.vocab_map, reuse_cache=self.prefix_cache is not None,
-                                   argmax=config.rule.argmax_drafts)
+                                   argmax=config.rule.argmax_drafts,
+                                   prompt_window=config.draft_context)
         if self.proposer_kind == "hybrid":
             return HybridProposer(draft, NgramProposer(self.ngram))
         return draft

@@ -44,6 +44,7 @@ class GenerationConfig:
     k: int | str = optspec.default("k")  # drafts per block, or "auto": the cost model picks (0..k_max)
     k_max: int = optspec.default("k_max")
     adaptive_k: bool = optspec.default("adaptive_k")
+    draft_context: int = optspec.default("draft_context")  # 0: the draft reads the whole prompt
     max_new_tokens: int = optspec.default("max_new_tokens")
     temperature: float = optspec.default("temperature")
     top_k: int = optspec.default("top_k")
@@ -108,6 +109,7 @@ class GenerationConfig:
         k = 4 if self.k == "auto" else self.k
         return DecodeConfig(speculative=self.method != "ar", rule=rule, sampling=sampling,
                             k=k, adaptive_k=self.adaptive_k, auto_k=self.auto_k, k_max=self.k_max,
+                            draft_context=self.draft_context,
                             max_new_tokens=self.max_new_tokens, seed=self.seed,
                             logprobs=self.logprobs)
 

@@ -34,6 +34,13 @@ def _csv_floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
 
 
+def _csv_ints(text: str) -> list[int]:
+    try:
+        return [int(part) for part in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of whole numbers: {text!r}") from None
+
+
 def _int_k(text: str) -> int:
     try:
         return int(text)
@@ -66,6 +73,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     grid.add_argument("--ks", type=_csv, default=[],
                       help="draft lengths to compare, e.g. auto,2,4: each speculative method runs "
                            "once per k, labelled /k=… (default: just --draft-length)")
+    grid.add_argument("--draft-contexts", type=_csv_ints, default=[],
+                      help="draft contexts to compare (see --draft-context), e.g. 0,64: each "
+                           "speculative method runs once per value, labelled /ctx=… (0: ctx=all, "
+                           "the whole prompt; default: just --draft-context)")
     grid.add_argument("--theta", type=_csv_floats, default=[optspec.default("theta")],
                       help=f"{optspec.ALL['theta'].help}; comma-separated, one nsd method each "
                            f"(default: {optspec.default('theta')})")
@@ -173,7 +184,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]
     specs = expand_methods(args.methods, args.theta, args.budget, proposers, args.budget_theta, ks,
-                           {name: getattr(args, name) for name in optspec.LOSSY_SWEEP_KNOBS})
+                           {name: getattr(args, name) for name in optspec.LOSSY_SWEEP_KNOBS},
+                           args.draft_contexts)
     if not args.draft and any(s.proposer in optspec.NEEDS_DRAFT or s.family == "hf-assisted" for s in specs):
         raise NSDError("the draft and hybrid proposers and hf-assisted need a draft model (--draft NAME)")
     # Validate every scalar knob through the shared path (θ/budget vary per method).

@@ -136,6 +136,31 @@ def category_table(records: list[dict]) -> list[str]:
     return out
 
 
+def relaxed_cost_table(summary: list[dict]) -> list[str]:
+    """Markdown lines: what each relaxed method's relaxed accepts cost, the "why" under the
+    frontier (none where the summary predates ``relaxed_per_token``). Per method: relaxed
+    accepts per 100 tokens (pooled over prompts), D per relaxed accept (its mean E_t; 1 at
+    T = 0, where each relaxed accept replaces the argmax), the paired log-likelihood change
+    per token against AR, and the ratio of the two: nats of target log-likelihood lost per
+    relaxed accept. Two rules with the same D can lose different log-likelihood: E counts
+    probability mass moved, not how unlikely under the target the accepted token is, and a
+    rule whose set reaches further into the tail pays more nats for the same D. The ratio
+    also carries what follows a relaxed accept (the text goes on from another token), so
+    read it across rules, not as a per-token law."""
+    rows = [r for r in summary if r["family"] not in ("ar", "sd") and r.get("relaxed_per_token") is not None
+            and r.get("loglik_change") is not None]
+    if not rows:
+        return []
+    out = ["| method | relaxed / 100 tokens | D per relaxed accept | Δ loglik/token vs AR | "
+           "Δ loglik per relaxed accept (nats) |", "|---|---|---|---|---|"]
+    for r in rows:
+        rate, change = r["relaxed_per_token"], r["loglik_change"][0]
+        per_accept = f"{change / rate:+.2f}" if rate > 0 else "-"
+        d_each = f"{r['deviation_per_token'] / rate:.2f}" if rate > 0 else "-"
+        out.append(f"| {r['method']} | {100 * rate:.1f} | {d_each} | {change:+.3f} | {per_accept} |")
+    return out
+
+
 def read_run(run: Path, first: int | None = None) -> tuple[list[dict], str]:
     """A run folder's records (its results.json, else the finished prompts of its
     journal), optionally only its first ``first`` prompts, and a phrase saying which."""
@@ -166,6 +191,8 @@ def run_reading(name: str, records: list[dict], state: str) -> list[str]:
     points, quality = frontier_points(summary, execute)
     if any(p["family"] in RULES for p in points):
         blocks.append("\n".join(fastest_table(points, quality, summary, execute)) + "\n")
+        if cost := relaxed_cost_table(summary):
+            blocks.append("\n".join(cost) + "\n")
     if len({r.get("category") for r in records}) > 1:
         blocks.append("\n".join(category_table(records)) + "\n")
     return blocks

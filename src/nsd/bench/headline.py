@@ -217,6 +217,10 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
         execute = any(aggregate.defined(r.get("pass_at_1")) for r in rows)
         points, quality = frontier.frontier_points(rows, execute)
         table += ["", *frontier.fastest_table(points, quality, rows, execute)]
+        if cost := frontier.relaxed_cost_table(rows):
+            table += ["", "What the relaxed accepts cost (D per relaxed accept is 1 at T = 0; the last "
+                      "column is the log-likelihood change divided by the relaxed accepts per token):",
+                      "", *cost]
     plot = next((p for p in (f"{RESULTS}/{run.path}/{name}" for name in
                              (("frontier_rules.png",) if fidelity else ()) +
                              ("speedup_vs_pass_change.png", "quality_vs_speedup.png"))

@@ -5,7 +5,8 @@ the journal): ``ar``, ``sd/draft``, ``nsd@0.9/ngram``, ``nsd-budget@B4/draft``,
 ``typical/draft``, ``topk_delta@K10,d0.6/draft``, ``threshold@s0.5,a1/draft``,
 ``fly@h0.3/draft`` (the engines' rules, labelled by their swept knobs: see
 :data:`KNOB_LABELS`); with several draft lengths (``--ks auto,2,4``) each speculative label
-gets a ``/k=…`` suffix. Outside peers: transformers' ``hf-ar``, ``hf-assisted``,
+gets a ``/k=…`` suffix, and with several draft contexts (``--draft-contexts 0,64``) a
+``/ctx=…`` one (``ctx=all`` for the whole prompt). Outside peers: transformers' ``hf-ar``, ``hf-assisted``,
 ``hf-pld``, ``llama-generate`` (llama.cpp's own generation of the target file) and
 ``llama-speculative`` (llama.cpp's own speculative decoding of the same pair; with integer
 ``--ks`` it runs once per draft length, else at llama.cpp's default).
@@ -47,6 +48,7 @@ class MethodSpec:
     budget: float | None = None
     k: int | str | None = None  # None: the run's --draft-length
     knobs: tuple[tuple[str, float], ...] = ()  # an engine rule's swept knobs, (name, value)
+    draft_context: int | None = None  # None: the run's --draft-context
 
     @property
     def is_hf(self) -> bool:
@@ -72,18 +74,28 @@ class MethodSpec:
         """Exact speculative decoding with the same proposer: what relaxation gains."""
         if not self.proposer or self.family == "sd":
             return None
-        return f"sd/{self.proposer}" + ("" if self.k is None else f"/k={self.k}")
+        return f"sd/{self.proposer}" + ("" if self.k is None else f"/k={self.k}") + \
+            context_suffix(self.draft_context)
 
     def generation_config(self, base: GenerationConfig) -> GenerationConfig:
         """``base`` with this method's decoder, θ and budget (transformers peers: AR)."""
         if self.k is not None:
             base = dataclasses.replace(base, k=self.k)
+        if self.draft_context is not None:
+            base = dataclasses.replace(base, draft_context=self.draft_context)
         if self.is_peer or self.family == "ar":
             return dataclasses.replace(base, method="ar")
         if self.family in ("nsd", "nsd-budget"):
             return dataclasses.replace(base, method="nsd", theta=self.theta,
                                        budget=self.budget if self.budget is not None else math.inf)
         return dataclasses.replace(base, method=self.family, **dict(self.knobs))
+
+
+def context_suffix(draft_context: int | None) -> str:
+    """The label suffix of a draft-context variant ("" where the run's setting applies)."""
+    if draft_context is None:
+        return ""
+    return f"/ctx={draft_context or 'all'}"
 
 
 def _knob_grid(family: str, sweeps: Mapping[str, Sequence[float]]) -> list[tuple[tuple[str, float], ...]]:
@@ -107,9 +119,11 @@ def _check_sweeps(families: Sequence[str], sweeps: Mapping[str, Sequence[float]]
 def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Sequence[float],
                    proposers: Sequence[str], budget_theta: float | None = None,
                    ks: Sequence[int | str] = (),
-                   sweeps: Mapping[str, Sequence[float]] | None = None) -> tuple[MethodSpec, ...]:
-    """Every (family × θ/budget/knobs × proposer × k) combination, in the order given.
-    Without ``ks`` the speculative methods use the run's draft length and carry no k suffix.
+                   sweeps: Mapping[str, Sequence[float]] | None = None,
+                   contexts: Sequence[int] = ()) -> tuple[MethodSpec, ...]:
+    """Every (family × θ/budget/knobs × proposer × k × draft context) combination, in the
+    order given. Without ``ks`` the speculative methods use the run's draft length and carry
+    no k suffix; without ``contexts`` its --draft-context, with no ctx suffix.
     ``sweeps``: values per swept knob of the engines' rules (:data:`optspec.LOSSY_SWEEP_KNOBS`); a
     rule runs once per combination of its knobs' values."""
     sweeps = {n: list(v) for n, v in (sweeps or {}).items() if v}
@@ -155,29 +169,35 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
         if not (k == "auto" or isinstance(k, int)):
             raise NSDError(f"--ks values must be whole numbers or auto, got {k!r}")
         optspec.ALL["k"].check(k, label="--ks")
-    variants = [(None, "")] if not ks else [(k, f"/k={k}") for k in dict.fromkeys(ks)]
+    for c in contexts:  # the range of --draft-context itself
+        optspec.ALL["draft_context"].check(c, label="--draft-contexts")
+    k_variants = [(None, "")] if not ks else [(k, f"/k={k}") for k in dict.fromkeys(ks)]
+    c_variants = [None] if not contexts else list(dict.fromkeys(contexts))
+    variants = [(k, c, s + context_suffix(c)) for k, s in k_variants for c in c_variants]
     specs: list[MethodSpec] = []
     for family in dict.fromkeys(families):
         if family == "ar" or family.startswith("hf-") or family == "llama-generate":
             specs.append(MethodSpec(family, family))
             continue
         if family == "llama-speculative":  # its own drafter; only a whole-number k applies
-            fixed = [(k, s) for k, s in variants if isinstance(k, int)] or [(None, "")]
+            fixed = [(k, s) for k, s in k_variants if isinstance(k, int)] or [(None, "")]
             specs += [MethodSpec(f"{family}{s}", family, k=k) for k, s in fixed]
             continue
         for proposer in proposers:
-            for k, suffix in variants:
+            for k, ctx, suffix in variants:
                 if family == "nsd":
-                    specs += [MethodSpec(f"nsd@{t:g}/{proposer}{suffix}", family, proposer, theta=t, k=k)
-                              for t in dict.fromkeys(thetas)]
+                    specs += [MethodSpec(f"nsd@{t:g}/{proposer}{suffix}", family, proposer, theta=t, k=k,
+                                         draft_context=ctx) for t in dict.fromkeys(thetas)]
                 elif family == "nsd-budget":
                     specs += [MethodSpec(f"nsd-budget@B{b:g}/{proposer}{suffix}", family, proposer,
-                                         theta=theta_b, budget=b, k=k) for b in dict.fromkeys(budgets)]
+                                         theta=theta_b, budget=b, k=k, draft_context=ctx)
+                              for b in dict.fromkeys(budgets)]
                 elif family in optspec.LOSSY_METHODS:
                     for knobs in _knob_grid(family, sweeps):
                         tag = ",".join(f"{KNOB_LABELS[n]}{v:g}" for n, v in knobs)
                         specs.append(MethodSpec(f"{family}@{tag}/{proposer}{suffix}", family, proposer,
-                                                k=k, knobs=knobs))
+                                                k=k, knobs=knobs, draft_context=ctx))
                 else:
-                    specs.append(MethodSpec(f"{family}/{proposer}{suffix}", family, proposer, k=k))
+                    specs.append(MethodSpec(f"{family}/{proposer}{suffix}", family, proposer, k=k,
+                                            draft_context=ctx))
     return tuple(specs)

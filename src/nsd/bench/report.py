@@ -61,6 +61,9 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
                 [s["position_attempts"] for s in stats], [s["position_accepts"] for s in stats]),
             "relaxed_share": _ratio(sum(s["relaxed_accepts"] for s in stats),
                                     sum(s["accepted_tokens"] for s in stats)),
+            # Relaxed accepts per generated token, pooled: with D/token, what each one cost.
+            "relaxed_per_token": _ratio(sum(s["relaxed_accepts"] for s in stats),
+                                        sum(s["new_tokens"] for s in stats)),
             "deviation_per_token": aggregate.deviation_per_token(
                 [s["deviation"] for s in stats], [s["new_tokens"] for s in stats]),
             "pass_at_1": metrics.pass_at_1(passed),

@@ -26,11 +26,18 @@ class DraftModelProposer(Proposer):
     decoding the drafts are argmaxes and reported as one-hot (``probs=None``), and so they
     are at any temperature with ``argmax`` (the rules defined for argmax drafts only:
     :data:`nsd.options.ARGMAX_DRAFT_METHODS`; the draft still sees the target's penalties).
+
+    ``prompt_window`` (``--draft-context``; 0: none) bounds the prompt tokens the draft reads
+    anew: where more than that many are missing from its cache at a generation's first
+    block, it starts over from the context's last ``prompt_window`` tokens and drafts from
+    that window for the rest of the generation (its positions start there). The target
+    verifies against the whole context, so every rule keeps its law; only how often the
+    drafts are accepted can change.
     """
 
     def __init__(self, backend: ModelBackend, sampling: SamplingConfig,
                  target_vocab_size: int | None = None, vocab_map: VocabMap | None = None,
-                 reuse_cache: bool = False, argmax: bool = False) -> None:
+                 reuse_cache: bool = False, argmax: bool = False, prompt_window: int = 0) -> None:
         if vocab_map is not None:
             if backend.vocab_size != len(vocab_map.draft_to_target):
                 raise NSDError("the reduced draft's logits do not match its vocabulary map")
@@ -52,6 +59,11 @@ class DraftModelProposer(Proposer):
         # Context tokens the first block found in the draft's cache (not read again).
         self.reused_tokens: int | None = None
         self._prompt_length = 0  # generated tokens start here (for the penalties)
+        if prompt_window < 0:
+            raise NSDError(f"draft_context must be >= 0, got {prompt_window}")
+        self.prompt_window = prompt_window
+        # The draft sees context[start:]; None until a generation's first block decides it.
+        self._start: int | None = None
         self.prefill_s = 0.0  # this generation's forwards that read prompt tokens
         # The logit adjustments need target token ids; a reduced-vocabulary draft skips them
         # (q is still the distribution it drew from, so verification stays exact).
@@ -64,22 +76,37 @@ class DraftModelProposer(Proposer):
         the prompt, the rest generated (penalties count only the generated ones)."""
         self._prompt_length = prompt_length
         self.prefill_s = 0.0
+        self._start = None
+
+    def _window_start(self, context: Sequence[int]) -> int:
+        """Where the draft's view of ``context`` starts: 0 where its cache lacks at most
+        ``prompt_window`` tokens of it (or there is no window), else the window's start, the
+        draft's cache then starting over (what it held is of no use from another start)."""
+        missing = len(context) - common_prefix_length(self._fed, context)
+        if not self.prompt_window or missing <= self.prompt_window:
+            return 0
+        self._fed = []
+        return len(context) - self.prompt_window
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:
         if k <= 0:
             return Proposal(torch.zeros(0, dtype=torch.long, device="cpu"), None)
-        # Sync the draft cache with the context: keep the common prefix, feed the rest.
-        # At least the last context token is (re)fed, because we need its logits.
-        keep = min(common_prefix_length(self._fed, context), len(context) - 1)
+        if self._start is None:  # the generation's first block: from where the draft reads
+            self._start = self._window_start(context)
+        # What the draft sees: the context from its window's start (all of it without one).
+        view = context[self._start:] if self._start else context
+        # Sync the draft cache with that: keep the common prefix, feed the rest. At least
+        # the last token is (re)fed, because we need its logits.
+        keep = min(common_prefix_length(self._fed, view), len(view) - 1)
         if self.reused_tokens is None:
             self.reused_tokens = keep
         self.backend.rewind(keep)
         # A reduced-vocabulary draft takes full-vocabulary ids too (it is fed their input
         # embeddings), so the context and the drafted tokens go in as they are.
         t0 = time.perf_counter()
-        logits = self.backend.forward(list(context[keep:]), all_logits=False)[-1]  # [Vd]
-        if keep < self._prompt_length:  # it read (part of) the prompt: a per-request cost
+        logits = self.backend.forward(list(view[keep:]), all_logits=False)[-1]  # [Vd]
+        if keep + self._start < self._prompt_length:  # it read (part of) the prompt: a per-request cost
             self.prefill_s += time.perf_counter() - t0
         vmap = self.vocab_map
         tokens: list[int] = []
@@ -100,7 +127,7 @@ class DraftModelProposer(Proposer):
             tokens.append(draft_id if vmap is None else int(vmap.draft_to_target[draft_id]))
             if i < k - 1:
                 logits = self.backend.forward([tokens[-1]])[-1]
-        self._fed = list(context) + tokens[:-1]
+        self._fed = list(view) + tokens[:-1]
         # Token ids stay on the CPU (the loop needs them as ints); q stays on the draft's device.
         return Proposal(torch.tensor(tokens, dtype=torch.long, device="cpu"),
                         None if greedy else torch.stack(rows))
