@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nsd.bench.frontier import read_run, run_reading, write_rules_plot
+from nsd.bench.frontier import read_run, run_reading, run_temperature, write_rules_plot
 from nsd.errors import NSDError
 
 
@@ -41,7 +41,7 @@ def main() -> None:
             records, state = read_run(run, args.first)
         except NSDError as exc:
             raise SystemExit(f"frontier_reading: {exc}") from None
-        for block in run_reading(run.name, records, state):
+        for block in run_reading(run.name, records, state, run_temperature(run)):
             print(block)
         if args.plot and (path := write_rules_plot(run, records)) is not None:
             print(f"![{run.name}: speedup against quality, one curve per rule]({path})\n")

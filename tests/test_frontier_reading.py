@@ -110,10 +110,21 @@ def test_relaxed_cost_table_divides_the_loglik_change_by_the_relaxed_rate() -> N
         nsd["loglik"] = -0.3  # 0.1 nats/token below AR's -0.2 on both prompts
         rows.append(nsd)
     lines = fr.relaxed_cost_table(summarize(rows, METHODS))
-    assert lines[0].startswith("| method | relaxed / 100 tokens | D per relaxed accept |")
+    assert lines[0].startswith("| method | relaxed / 100 tokens | D per relaxed accept | Δ loglik/token vs SD")
     # 2 relaxed accepts in 10 tokens per prompt: 20 per 100, D 0.5 each time -> 0.25 per
     # accept; -0.1 nats/token over 0.2 relaxed accepts/token -> -0.5 nats per accept.
     assert lines[2:] == ["| nsd@0.9/draft | 20.0 | 0.25 | -0.100 | -0.50 |"]
     # A summary written before relaxed_per_token: no table rather than a guess.
     old = [{k: v for k, v in r.items() if k != "relaxed_per_token"} for r in summarize(rows, METHODS)]
     assert fr.relaxed_cost_table(old) == []
+    # Sampled runs: the change is chance at these sizes, so no table.
+    assert fr.relaxed_cost_table(summarize(rows, METHODS), temperature=0.8) == []
+    assert fr.relaxed_cost_table(summarize(rows, METHODS), temperature=0.0) == lines
+
+
+def test_run_temperature_from_the_run_settings(tmp_path: Path) -> None:
+    assert fr.run_temperature(tmp_path) is None  # no settings.json
+    (tmp_path / "settings.json").write_text(json.dumps({"generation": {"temperature": 0.8}}))
+    assert fr.run_temperature(tmp_path) == 0.8
+    (tmp_path / "settings.json").write_text("{not json")
+    assert fr.run_temperature(tmp_path) is None

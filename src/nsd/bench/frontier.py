@@ -136,29 +136,48 @@ def category_table(records: list[dict]) -> list[str]:
     return out
 
 
-def relaxed_cost_table(summary: list[dict]) -> list[str]:
+def relaxed_cost_table(summary: list[dict], temperature: float | None = None) -> list[str]:
     """Markdown lines: what each relaxed method's relaxed accepts cost, the "why" under the
     frontier (none where the summary predates ``relaxed_per_token``). Per method: relaxed
     accepts per 100 tokens (pooled over prompts), D per relaxed accept (its mean E_t; 1 at
-    T = 0, where each relaxed accept replaces the argmax), the paired log-likelihood change
-    per token against AR, and the ratio of the two: nats of target log-likelihood lost per
-    relaxed accept. Two rules with the same D can lose different log-likelihood: E counts
+    T = 0, where each relaxed accept replaces the argmax), the log-likelihood change per
+    token against exact SD (the difference of the paired changes against AR, on the same
+    prompts: at T = 0 SD's text is AR's, and at T > 0 SD is what the relaxed rules would be
+    with nothing relaxed, drawing the same random numbers where their drafts are sampled),
+    and the ratio of the two: nats of target log-likelihood lost per relaxed accept. Two rules with the same D can lose different log-likelihood: E counts
     probability mass moved, not how unlikely under the target the accepted token is, and a
     rule whose set reaches further into the tail pays more nats for the same D. The ratio
     also carries what follows a relaxed accept (the text goes on from another token), so
-    read it across rules, not as a per-token law."""
+    read it across rules, not as a per-token law.
+
+    Greedy runs only (none for ``temperature`` > 0; None: not known, shown): sampled texts
+    differ in log-likelihood by chance far more than a relaxed accept moves them at the
+    sizes run here (13 Spec-Bench prompts at T = 0.8: exact SD's own change against AR was
+    −0.13 nats/token), and the rules that draft argmaxes draw other random numbers than SD,
+    so no baseline pairs with every rule."""
+    if temperature is not None and temperature > 0:
+        return []
+    sd = next((r for r in summary if r["family"] == "sd" and r.get("loglik_change") is not None), None)
     rows = [r for r in summary if r["family"] not in ("ar", "sd") and r.get("relaxed_per_token") is not None
             and r.get("loglik_change") is not None]
-    if not rows:
+    if not rows or sd is None:
         return []
-    out = ["| method | relaxed / 100 tokens | D per relaxed accept | Δ loglik/token vs AR | "
+    out = ["| method | relaxed / 100 tokens | D per relaxed accept | Δ loglik/token vs SD | "
            "Δ loglik per relaxed accept (nats) |", "|---|---|---|---|---|"]
     for r in rows:
-        rate, change = r["relaxed_per_token"], r["loglik_change"][0]
+        rate, change = r["relaxed_per_token"], r["loglik_change"][0] - sd["loglik_change"][0]
         per_accept = f"{change / rate:+.2f}" if rate > 0 else "-"
         d_each = f"{r['deviation_per_token'] / rate:.2f}" if rate > 0 else "-"
         out.append(f"| {r['method']} | {100 * rate:.1f} | {d_each} | {change:+.3f} | {per_accept} |")
     return out
+
+
+def run_temperature(run: Path) -> float | None:
+    """The sampling temperature a run folder's settings.json records (None: not recorded)."""
+    try:
+        return float(json.loads((run / "settings.json").read_text())["generation"]["temperature"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_run(run: Path, first: int | None = None) -> tuple[list[dict], str]:
@@ -179,7 +198,7 @@ def read_run(run: Path, first: int | None = None) -> tuple[list[dict], str]:
     return records, state
 
 
-def run_reading(name: str, records: list[dict], state: str) -> list[str]:
+def run_reading(name: str, records: list[dict], state: str, temperature: float | None = None) -> list[str]:
     """The Markdown blocks of one run: heading, fidelity table, per-method sentences and,
     when the run spans several categories, the per-category table."""
     if not records:
@@ -191,7 +210,7 @@ def run_reading(name: str, records: list[dict], state: str) -> list[str]:
     points, quality = frontier_points(summary, execute)
     if any(p["family"] in RULES for p in points):
         blocks.append("\n".join(fastest_table(points, quality, summary, execute)) + "\n")
-        if cost := relaxed_cost_table(summary):
+        if cost := relaxed_cost_table(summary, temperature):
             blocks.append("\n".join(cost) + "\n")
     if len({r.get("category") for r in records}) > 1:
         blocks.append("\n".join(category_table(records)) + "\n")

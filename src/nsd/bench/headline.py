@@ -111,6 +111,10 @@ FRONTIER: tuple[RunRef, ...] = (
     RunRef("frontier-zen3/specbench-t0", "avx2", "Spec-Bench 13×1, T = 0, with the engines' rules (Zen 3)",
            "711b80b", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 1 --no-progress" '
            "bash benchmarks/run_frontier.sh specbench-t0", "draft"),
+    RunRef("frontier-zen3/specbench-t0.8", "avx2",
+           "Spec-Bench 13×1, T = 0.8, with the engines' rules (Zen 3)", "bbb9710",
+           'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 1 --no-progress" '
+           "bash benchmarks/run_frontier.sh specbench-t0.8", "draft"),
 )
 VLLM = RunRef("vllm", "vnni", "HumanEval 5 + Spec-Bench 5, T = 0 and 0.8", "7cd5386",
               ".venv-vllm/bin/python benchmarks/vllm_bench.py --limit 5 --max-tokens 128 "
@@ -217,9 +221,10 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
         execute = any(aggregate.defined(r.get("pass_at_1")) for r in rows)
         points, quality = frontier.frontier_points(rows, execute)
         table += ["", *frontier.fastest_table(points, quality, rows, execute)]
-        if cost := frontier.relaxed_cost_table(rows):
+        if cost := frontier.relaxed_cost_table(rows, generation["temperature"]):
             table += ["", "What the relaxed accepts cost (D per relaxed accept is 1 at T = 0; the last "
-                      "column is the log-likelihood change divided by the relaxed accepts per token):",
+                      "column is the log-likelihood change against SD divided by the relaxed "
+                      "accepts per token):",
                       "", *cost]
     plot = next((p for p in (f"{RESULTS}/{run.path}/{name}" for name in
                              (("frontier_rules.png",) if fidelity else ()) +
