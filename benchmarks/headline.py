@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from nsd.bench import headline
-from nsd.bench.methods import MethodSpec
+from nsd.bench.methods import spec_from_record
 from nsd.bench.report import small_summary, summarize_by_category, summarize as summarize_rows
 from nsd.bench.store import SUMMARY, write_json_atomic
 from nsd.errors import NSDError
@@ -37,8 +37,7 @@ def summarize(run: Path) -> Path:
     # bench defined "vs AR" as a ratio of medians, today it is the median of per-prompt
     # ratios), so that every run in the documents reads the same way.
     records = results["records"]
-    specs = [MethodSpec(r["method"], r["family"], r.get("proposer"), r.get("theta"), r.get("budget"),
-                        _k(r["method"])) for r in {r["method"]: r for r in records}.values()]
+    specs = [spec_from_record(r) for r in {r["method"]: r for r in records}.values()]
     order = list(dict.fromkeys(r["method"] for r in records))
     specs.sort(key=lambda spec: order.index(spec.label))
     try:
@@ -49,14 +48,6 @@ def summarize(run: Path) -> Path:
         results = {**results, "summary_as_recorded": True}
     write_json_atomic(run / SUMMARY, small_summary(results), indent=None)
     return run / SUMMARY
-
-
-def _k(label: str) -> int | str | None:
-    """The k a method label carries (``sd/draft/k=4``), as expand_methods wrote it."""
-    if "/k=" not in label:
-        return None
-    k = label.rsplit("/k=", 1)[1]
-    return k if k == "auto" else int(k)
 
 
 def main() -> int:

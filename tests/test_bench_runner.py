@@ -361,6 +361,8 @@ def test_draft_context_variants_are_labelled_paired_and_run(tmp_path: Path) -> N
     assert by["sd/draft/k=2/ctx=3"].generation_config(GenerationConfig()).draft_context == 3
     assert by["sd/draft/k=2/ctx=all"].generation_config(GenerationConfig(draft_context=9)).draft_context == 0
     assert by["ar"].generation_config(GenerationConfig(draft_context=9)).method == "ar"
+    ngram = expand_methods(["sd"], [], [], ["ngram", "draft"], contexts=[0, 3])
+    assert [s.label for s in ngram] == ["sd/ngram", "sd/draft/ctx=all", "sd/draft/ctx=3"]
     with pytest.raises(NSDError, match="--draft-contexts must be a whole number >= 0"):
         expand_methods(["sd"], [0.9], [], ["draft"], contexts=[-1])
     config = RunConfig(methods=specs, generation=GenerationConfig(max_new_tokens=8), warmup=False)

@@ -114,3 +114,58 @@ def test_the_engine_hands_the_window_to_its_draft() -> None:
     draft.reads.clear()
     windowed = engine.generate(prompt, GenerationConfig(**base, draft_context=5))
     assert draft.reads[0] == 5 and windowed.text == whole.text
+
+
+def test_the_window_is_timed_as_prefill_once(monkeypatch) -> None:
+    # A fake clock that advances one second per token the draft reads: the prefill is the
+    # window's 4 tokens exactly, and no later block adds to it (its context position is
+    # past the prompt even though the draft's own cache starts at the window).
+    from types import SimpleNamespace
+
+    from nsd.proposers import draft_model
+
+    draft = CountingLM(vocab_size=32, seed=5)
+    clock = SimpleNamespace(now=0.0)
+    original = draft.forward
+
+    def timed(tokens, all_logits: bool = True):
+        clock.now += len(tokens)
+        return original(tokens, all_logits)
+
+    draft.forward = timed
+    monkeypatch.setattr(draft_model, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    proposer = DraftModelProposer(draft, GREEDY, 32, prompt_window=4)
+    proposer.begin(len(PROMPT))
+    proposer.propose(PROMPT, 3, generator=None)
+    assert proposer.prefill_s == 4
+    proposer.propose(PROMPT + [7, 8], 3, generator=None)
+    assert proposer.prefill_s == 4 and clock.now > 4
+
+
+def test_k_auto_prices_only_the_window_as_the_draft_catch_up() -> None:
+    from nsd.draftlen.costmodel import FixedK
+
+    class Recording(FixedK):
+        def begin(self, prompt_tokens: int) -> None:
+            self.behind = prompt_tokens
+            super().begin(prompt_tokens)
+
+    assert DecodeConfig(draft_context=4).draft_catchup(24) == 4
+    assert DecodeConfig(draft_context=40).draft_catchup(24) == 24
+    assert DecodeConfig().draft_catchup(24) == 24
+    target, draft = MockLM(vocab_size=32, seed=0), MockLM(vocab_size=32, seed=5)
+    for window, expected in ((0, len(PROMPT)), (4, 4)):
+        policy = Recording(3)
+        config = DecodeConfig(sampling=GREEDY, k=3, max_new_tokens=4, draft_context=window)
+        run_to_end(decode(target, PROMPT, config, DraftModelProposer(draft, GREEDY, 32, prompt_window=window),
+                          k_policy=policy))
+        assert policy.behind == expected
+
+
+def test_a_record_label_gives_back_its_k_and_draft_context() -> None:
+    from nsd.bench.methods import expand_methods, spec_from_record
+
+    for spec in expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"], ks=["auto", 2], contexts=[0, 32]):
+        record = {"method": spec.label, "family": spec.family, "proposer": spec.proposer,
+                  "theta": spec.theta, "budget": spec.budget, "knobs": dict(spec.knobs)}
+        assert spec_from_record(record) == spec

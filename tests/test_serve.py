@@ -174,6 +174,13 @@ def test_draft_context_is_passed_to_the_library(server) -> None:
     assert r.status_code == 200 and r.json()["usage"]["nsd"]["new_tokens"] == 6
     card = client.get("/v1/models").json()["data"][0]
     assert card["nsd"]["defaults"]["draft_context"] == 0
+    # The request's value is the generation's (the HTTP call above cannot see it).
+    from nsd.api import GenerationConfig
+    from nsd.serve.protocol import CompletionRequest, generation_config
+
+    request = CompletionRequest.model_validate({"model": "mock", "prompt": "ab",
+                                                "nsd": {"method": "sd", "draft_context": 7}})
+    assert generation_config(request, GenerationConfig(), 4).draft_context == 7
 
 
 BAD = [

@@ -78,6 +78,11 @@ class DecodeConfig:
             raise NSDError("auto k needs step costs: pass a CostModelK policy to decode()")
         return AdaptiveK(self.k, self.k_max) if self.adaptive_k else FixedK(self.k)
 
+    def draft_catchup(self, prompt_tokens: int) -> int:
+        """The prompt tokens a draft model reads before its first block, as ``-k auto``
+        prices that catch-up: all of them, or at most ``draft_context``."""
+        return min(prompt_tokens, self.draft_context) if self.draft_context else prompt_tokens
+
     @property
     def longest_block(self) -> int:
         """The longest block the policy can ask for: ``k_max`` bounds ``-k auto`` and
@@ -425,7 +430,7 @@ def decode(
     spent = torch.zeros(1, dtype=torch.float64, device=generator.device)  # D so far
     tally = DecodeTally(config.speculative, len(context), reused, start, time.perf_counter() - start, spent)
     policy = k_policy if k_policy is not None else config.default_policy()
-    policy.begin(len(context))
+    policy.begin(config.draft_catchup(len(context)))
     if proposer is not None:  # where the generated tokens start (penalties count only those)
         proposer.begin(len(context))
     drafter = proposer if config.speculative else None

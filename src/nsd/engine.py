@@ -458,7 +458,7 @@ class Engine:
         gen = decode(self.target, list(prompt_ids), decode_config, proposer,
                      self.eos_token_ids, stop_check, policy, sink, reuse_cache=cache is not None)
         if policy is not None and policy.joint is not None:
-            policy.join(len(prompt_ids), decode_config.max_new_tokens)
+            policy.join(decode_config.draft_catchup(len(prompt_ids)), decode_config.max_new_tokens)
             joined.append(policy)
         tokens: list[int] = []
         shown = ""

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from nsd.bench import metrics, speed
-from nsd.bench.methods import MethodSpec, expand_methods
+from nsd.bench.methods import MethodSpec, expand_methods, spec_from_record
 from nsd.bench.report import fidelity_table, summarize, summarize_by_category
 from nsd.bench.speed import paired_ratio
 from nsd.bench.store import read_journal
@@ -44,10 +44,7 @@ def run_methods(records: list[dict]) -> tuple[MethodSpec, ...]:
     labels = dict.fromkeys(r["method"] for r in records)
     known = [m for m in METHODS if m.label in labels]
     first = {r["method"]: r for r in reversed(records)}
-    extra = [MethodSpec(label, first[label]["family"], first[label].get("proposer"),
-                        first[label].get("theta"), first[label].get("budget"),
-                        knobs=tuple((first[label].get("knobs") or {}).items()))
-             for label in labels if label not in {m.label for m in known}]
+    extra = [spec_from_record(first[label]) for label in labels if label not in {m.label for m in known}]
     return tuple(known + extra)
 
 

@@ -98,6 +98,22 @@ def context_suffix(draft_context: int | None) -> str:
     return f"/ctx={draft_context or 'all'}"
 
 
+def spec_from_record(record: Mapping) -> MethodSpec:
+    """The :class:`MethodSpec` a journal record ran, rebuilt from what the record says of its
+    method and the label's ``/k=…`` and ``/ctx=…`` suffixes, as :func:`expand_methods` wrote
+    them (for re-summarizing a run, whose records predate or outlive the grid it came from)."""
+    label = record["method"]
+    k: int | str | None = None
+    draft_context: int | None = None
+    for part in label.split("/")[1:]:
+        if part.startswith("k="):
+            k = part[2:] if part[2:] == "auto" else int(part[2:])
+        elif part.startswith("ctx="):
+            draft_context = 0 if part[4:] == "all" else int(part[4:])
+    return MethodSpec(label, record["family"], record.get("proposer"), record.get("theta"),
+                      record.get("budget"), k, tuple((record.get("knobs") or {}).items()), draft_context)
+
+
 def _knob_grid(family: str, sweeps: Mapping[str, Sequence[float]]) -> list[tuple[tuple[str, float], ...]]:
     """Every combination of ``family``'s swept knobs (its default where none is given)."""
     names = optspec.SWEEP_KNOBS[family]
@@ -184,7 +200,9 @@ def expand_methods(families: Sequence[str], thetas: Sequence[float], budgets: Se
             specs += [MethodSpec(f"{family}{s}", family, k=k) for k, s in fixed]
             continue
         for proposer in proposers:
-            for k, ctx, suffix in variants:
+            # Prompt lookup reads no draft model: one variant per k, not per draft context.
+            mine = variants if proposer != "ngram" else [(k, None, s) for k, s in k_variants]
+            for k, ctx, suffix in mine:
                 if family == "nsd":
                     specs += [MethodSpec(f"nsd@{t:g}/{proposer}{suffix}", family, proposer, theta=t, k=k,
                                          draft_context=ctx) for t in dict.fromkeys(thetas)]
