@@ -141,9 +141,10 @@ def relaxed_cost_table(summary: list[dict], temperature: float | None = None) ->
     token against exact SD (the difference of the paired changes against AR, on the same
     prompts: at T = 0 SD's text is AR's, and at T > 0 SD is what the relaxed rules would be
     with nothing relaxed, drawing the same random numbers where their drafts are sampled),
-    and the ratio of the two: nats of target log-likelihood lost per relaxed accept. Two rules with the same D can lose different log-likelihood: E counts
-    probability mass moved, not how unlikely under the target the accepted token is, and a
-    rule whose set reaches further into the tail pays more nats for the same D. The ratio
+    and the ratio of the two: nats of target log-likelihood lost per relaxed accept. Two
+    rules with the same D can lose different log-likelihood: E counts probability mass
+    moved, not how unlikely under the target the accepted token is, and a rule whose set
+    reaches further into the tail pays more nats for the same D. The ratio
     also carries what follows a relaxed accept (the text goes on from another token), so
     read it across rules, not as a per-token law.
 

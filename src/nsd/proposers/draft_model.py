@@ -10,6 +10,7 @@ import torch
 
 from nsd.backends.base import ModelBackend, cached_tokens, common_prefix_length
 from nsd.backends.embedding_input import VocabMap
+from nsd import options as optspec
 from nsd.errors import NSDError
 from nsd.proposers.base import Proposal, Proposer
 from nsd.rules.sampling import SamplingConfig, adjust_logits, logits_to_probs, sample_from
@@ -59,9 +60,7 @@ class DraftModelProposer(Proposer):
         # Context tokens the first block found in the draft's cache (not read again).
         self.reused_tokens: int | None = None
         self._prompt_length = 0  # generated tokens start here (for the penalties)
-        if prompt_window < 0:
-            raise NSDError(f"draft_context must be >= 0, got {prompt_window}")
-        self.prompt_window = prompt_window
+        self.prompt_window = optspec.check("draft_context", prompt_window)
         # The draft sees context[start:]; None until a generation's first block decides it.
         self._start: int | None = None
         self.prefill_s = 0.0  # this generation's forwards that read prompt tokens
@@ -80,12 +79,10 @@ class DraftModelProposer(Proposer):
 
     def _window_start(self, context: Sequence[int]) -> int:
         """Where the draft's view of ``context`` starts: 0 where its cache lacks at most
-        ``prompt_window`` tokens of it (or there is no window), else the window's start, the
-        draft's cache then starting over (what it held is of no use from another start)."""
+        ``prompt_window`` tokens of it (or there is no window), else the window's start."""
         missing = len(context) - common_prefix_length(self._fed, context)
         if not self.prompt_window or missing <= self.prompt_window:
             return 0
-        self._fed = []
         return len(context) - self.prompt_window
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
@@ -94,6 +91,8 @@ class DraftModelProposer(Proposer):
             return Proposal(torch.zeros(0, dtype=torch.long, device="cpu"), None)
         if self._start is None:  # the generation's first block: from where the draft reads
             self._start = self._window_start(context)
+            if self._start:  # what the cache held is of no use from another start
+                self._fed = []
         # What the draft sees: the context from its window's start (all of it without one).
         view = context[self._start:] if self._start else context
         # Sync the draft cache with that: keep the common prefix, feed the rest. At least
