@@ -344,6 +344,7 @@ def test_statistics_count_only_tokens_emitted_before_an_accepted_eos() -> None:
     assert stats.accepted_tokens == 6 and stats.accepted_per_pass == [6]
     assert stats.drafted_tokens == 6  # drafts after the EOS were never candidates for output
     assert stats.position_attempts == [1] * 6 and stats.position_accepts == [1] * 6
+    assert stats.position_relaxed == [0] * 6 and stats.position_deviation == [0.0] * 6  # exact SD
     assert stats.acceptance_rate == 1.0
 
 
@@ -359,6 +360,11 @@ def test_deviation_charged_only_for_positions_emitted_before_an_accepted_eos() -
     assert stats.relaxed_accepts == 1
     assert stats.deviation == 1.0
     assert stats.accepted_tokens == 6 and stats.accepted_per_pass == [6]
+    # By position: the relaxed accept and its charge sit at draft position 6 (the EOS), and
+    # nothing is charged at position 7, which was drafted but not emitted.
+    assert stats.position_relaxed == [0, 0, 0, 0, 0, 1]
+    assert stats.position_deviation == [0.0] * 5 + [1.0]
+    assert sum(stats.position_deviation) == stats.deviation
     # The budget state agrees with the report: B = 1 exactly covers the one emitted charge.
     tokens, budgeted = _run(target, DecodeConfig(rule=RuleConfig(kind="nucleus", theta=0.99, budget=1.0),
                                                  sampling=GREEDY, k=8, max_new_tokens=50),

@@ -22,6 +22,8 @@ def record(prompt: str, method: str, tok_s: float, passed: bool) -> dict:
     family = method.split("@")[0].split("/")[0]
     stats = {"new_tokens": 10, "target_passes": 10 if family == "ar" else 4, "accepted_tokens": 6,
              "drafted_tokens": 8, "position_attempts": [4, 3], "position_accepts": [3, 3],
+             "position_relaxed": [0, 2] if family == "nsd" else [0, 0],
+             "position_deviation": [0.0, 0.5] if family == "nsd" else [0.0, 0.0],
              "relaxed_accepts": 2 if family == "nsd" else 0, "deviation": 0.5 if family == "nsd" else 0.0,
              "wall_s": 10 / tok_s, "decode_tokens_per_s": tok_s, "propose_s": 0.1, "target_s": 0.2,
              "overhead_per_pass_s": 0.001}
@@ -92,7 +94,8 @@ def test_rules_frontier_table_and_plot_from_a_smoke_sized_run(tmp_path: Path) ->
     assert state == "in progress: the 2 prompts every method has finished"
     blocks = fr.run_reading("run", records, state)
     table = next(b for b in blocks if b.startswith("Fastest rule")).splitlines()
-    assert blocks[-1].startswith("| method | relaxed / 100 tokens")  # what the relaxed accepts cost
+    assert blocks[-2].startswith("| method | relaxed / 100 tokens")  # what the relaxed accepts cost
+    assert blocks[-1].startswith("By draft position")  # where they happen, and what they charge
     assert table[2] == "| quality ≥ | fastest | speedup | nsd | topk_delta | fly |"
     # At AR's pass@1 (2/2) nsd and fly fall short: top-K/δ is the fastest there.
     assert table[4] == "| AR's | topk_delta@K10,d0.6/draft | 1.40 | - | 1.40 | - |"
@@ -128,3 +131,19 @@ def test_run_temperature_from_the_run_settings(tmp_path: Path) -> None:
     assert fr.run_temperature(tmp_path) == 0.8
     (tmp_path / "settings.json").write_text("{not json")
     assert fr.run_temperature(tmp_path) is None
+
+
+def test_position_table_pools_each_position_over_the_blocks_reaching_it() -> None:
+    rows = []
+    for p in ("p0", "p1"):
+        rows += [record(p, "ar", 10, True), record(p, "sd/draft", 12, True), record(p, "nsd@0.9/draft", 15, True)]
+    lines = fr.position_table(summarize(rows, METHODS))
+    assert lines[2] == "| method | τ | accepted | relaxed | D charged |"
+    # Per prompt 4 blocks reach position 1 (3 accept, none relaxed) and 3 reach position 2
+    # (all accept, 2 relaxed, D 0.5 there): pooled 6/8, 6/6; 0/8, 4/6; 0/8, 1.0/6.
+    assert lines[4:] == ["| sd/draft | 2.50 | 0.75 1.00 | 0.00 0.00 | 0.000 0.000 |",
+                         "| nsd@0.9/draft | 2.50 | 0.75 1.00 | 0.00 0.67 | 0.000 0.167 |"]
+    # Records from before the per-position counts: no table rather than zeros.
+    for r in rows:
+        del r["stats"]["position_relaxed"], r["stats"]["position_deviation"]
+    assert fr.position_table(summarize(rows, METHODS)) == []

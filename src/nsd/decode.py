@@ -110,6 +110,12 @@ class DecodeStats:
     target_s: float  # time in target forwards after the prefill
     position_attempts: list[int] = field(default_factory=list)  # blocks reaching draft position i
     position_accepts: list[int] = field(default_factory=list)
+    # Of position_accepts, those accepted only thanks to the relaxed set; and the deviation
+    # charged at each draft position (Σ λ_t·E_t over the blocks reaching it, so
+    # Σ_i position_deviation[i] = deviation). Where a relaxed rule gains and what it costs,
+    # position by position: the reading of the rules' frontier.
+    position_relaxed: list[int] = field(default_factory=list)
+    position_deviation: list[float] = field(default_factory=list)
     accepted_per_pass: list[int] = field(default_factory=list)  # accepted per pass that verified drafts
     k_per_pass: list[int] = field(default_factory=list)  # tokens drafted per pass (0: a plain step)
     predicted_tokens_per_s: float | None = None  # the cost model's expectation (-k auto)
@@ -258,6 +264,8 @@ class DecodeTally:
     # Per draft position: blocks whose test reached it, and those it passed.
     attempts: list[int] = field(default_factory=list)
     accepts: list[int] = field(default_factory=list)
+    relaxed_at: list[int] = field(default_factory=list)  # relaxed accepts per draft position
+    deviation_at: list[float] = field(default_factory=list)  # D charged per draft position
     # Seconds in the proposer and in the target's forwards after the prefill.
     propose_s: float = 0.0
     target_s: float = 0.0
@@ -305,7 +313,12 @@ class DecodeTally:
         counts = self.acceptance_counts.setdefault(source, [0, 0])
         counts[0] += min(n_acc + 1, n)  # as the policy counts them (an EOS cut aside)
         counts[1] += n_acc
-        self.relaxed += int(result.relaxed[0, :emitted_drafts].sum())
+        # One transfer per block for both rows (not one .item() per position).
+        relaxed, charged = torch.stack((result.relaxed[0, :emitted_drafts].to(torch.float64),
+                                        result.deviation[0, :emitted_drafts].to(torch.float64))).tolist()
+        self.relaxed += int(sum(relaxed))
+        _add_at(self.relaxed_at, [int(r) for r in relaxed])
+        _add_at(self.deviation_at, charged)
         reached = min(emitted_acc + 1, emitted_drafts)
         for counter, upto in ((self.attempts, reached), (self.accepts, emitted_acc)):
             counter.extend([0] * (upto - len(counter)))
@@ -323,7 +336,9 @@ class DecodeTally:
             deviation=float(self.spent[0]), stop_reason=self.stop_reason,
             prefill_s=self.prefill_s, wall_s=time.perf_counter() - self.start,
             propose_s=self.propose_s, target_s=self.target_s, position_attempts=attempts,
-            position_accepts=(self.accepts + [0] * len(attempts))[:len(attempts)],
+            position_accepts=_fit(self.accepts, len(attempts)),
+            position_relaxed=_fit(self.relaxed_at, len(attempts)),
+            position_deviation=_fit(self.deviation_at, len(attempts)),
             accepted_per_pass=self.accepted_per_pass, k_per_pass=self.k_per_pass,
             predicted_tokens_per_s=predicted_tokens_per_s, lookup_blocks=self.lookup_blocks,
             lookup_drafted=self.lookup_drafted, lookup_accepted=self.lookup_accepted,
@@ -508,6 +523,18 @@ def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
         if tok in eos:
             return tokens[:i + 1]
     return tokens
+
+
+def _add_at(totals: list, values: Sequence) -> None:
+    """``totals[i] += values[i]``, growing ``totals`` as needed."""
+    totals.extend([0] * (len(values) - len(totals)))
+    for i, v in enumerate(values):
+        totals[i] += v
+
+
+def _fit(values: list, n: int) -> list:
+    """``values`` cut or zero-padded to ``n`` entries (one per position reached)."""
+    return (values + [0] * n)[:n]
 
 
 def _trim_zeros(counts: list[int]) -> list[int]:

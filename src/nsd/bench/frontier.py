@@ -170,6 +170,25 @@ def relaxed_cost_table(summary: list[dict], temperature: float | None = None) ->
     return out
 
 
+def position_table(summary: list[dict]) -> list[str]:
+    """Markdown lines: per speculative method and draft position (1..k), the acceptance
+    rate, the share of blocks accepting there only thanks to the relaxed set, and the mean
+    D charged there, each per block reaching that position (none where the summary
+    predates the per-position counts). Where a rule gains (its relaxed accepts at late
+    positions lengthen the accepted run) and what it pays for it, position by position."""
+    rows = [r for r in summary if r["family"] != "ar" and r.get("relaxed_by_position") is not None
+            and r.get("deviation_by_position") is not None]
+    if not any(r["family"] != "sd" for r in rows):
+        return []
+    cell = lambda values, fmt: " ".join(fmt.format(v) for v in values)  # noqa: E731
+    out = ["By draft position (per block reaching it; positions 1..k left to right):", "",
+           "| method | τ | accepted | relaxed | D charged |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['method']} | {r['tau']:.2f} | {cell(r['acceptance_by_position'], '{:.2f}')} | "
+                   f"{cell(r['relaxed_by_position'], '{:.2f}')} | {cell(r['deviation_by_position'], '{:.3f}')} |")
+    return out
+
+
 def run_temperature(run: Path) -> float | None:
     """The sampling temperature a run folder's settings.json records (None: not recorded)."""
     try:
@@ -210,6 +229,8 @@ def run_reading(name: str, records: list[dict], state: str, temperature: float |
         blocks.append("\n".join(fastest_table(points, quality, summary, execute)) + "\n")
         if cost := relaxed_cost_table(summary, temperature):
             blocks.append("\n".join(cost) + "\n")
+        if positions := position_table(summary):
+            blocks.append("\n".join(positions) + "\n")
     if len({r.get("category") for r in records}) > 1:
         blocks.append("\n".join(category_table(records)) + "\n")
     return blocks

@@ -28,16 +28,24 @@ def acceptance_by_position(attempts: Iterable[Sequence[int]], accepts: Iterable[
                            ) -> list[float]:
     """Pooled P(draft position i accepted | the block reached position i), over records
     whose per-position count lists may differ in length."""
+    return per_position(attempts, accepts)
+
+
+def per_position(attempts: Iterable[Sequence[int]], amounts: Iterable[Sequence[float]]) -> list[float]:
+    """Pooled per-position mean: Σ amounts[i] / Σ attempts[i] over records (accepts give the
+    acceptance rate, relaxed accepts the relaxed rate, charged deviations the mean E_t per
+    block reaching position i); the lists may differ in length, and a record without
+    amounts for a position counts 0 there."""
     total_attempts: list[int] = []
-    total_accepts: list[int] = []
-    for att, acc in zip(attempts, accepts):
+    total: list[float] = []
+    for att, amount in zip(attempts, amounts):
         for i, n in enumerate(att):
             if i >= len(total_attempts):
                 total_attempts.append(0)
-                total_accepts.append(0)
+                total.append(0)
             total_attempts[i] += n
-            total_accepts[i] += acc[i] if i < len(acc) else 0
-    return [a / n if n else math.nan for a, n in zip(total_accepts, total_attempts)]
+            total[i] += amount[i] if i < len(amount) else 0
+    return [a / n if n else math.nan for a, n in zip(total, total_attempts)]
 
 
 def token_agreement(tokens: Sequence[int], reference: Sequence[int]) -> float:

@@ -59,6 +59,14 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
                                       sum(s["drafted_tokens"] for s in stats)),
             "acceptance_by_position": metrics.acceptance_by_position(
                 [s["position_attempts"] for s in stats], [s["position_accepts"] for s in stats]),
+            # Per draft position (reached): relaxed accepts, and the D charged there; None
+            # where a record predates these counts.
+            "relaxed_by_position": metrics.per_position(
+                [s["position_attempts"] for s in stats], [s["position_relaxed"] for s in stats])
+            if all("position_relaxed" in s for s in stats) else None,
+            "deviation_by_position": metrics.per_position(
+                [s["position_attempts"] for s in stats], [s["position_deviation"] for s in stats])
+            if all("position_deviation" in s for s in stats) else None,
             "relaxed_share": _ratio(sum(s["relaxed_accepts"] for s in stats),
                                     sum(s["accepted_tokens"] for s in stats)),
             # Relaxed accepts per generated token, pooled: with D/token, what each one cost.
