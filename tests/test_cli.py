@@ -253,6 +253,19 @@ def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
     for argv in (["-k", "auto", "--k-max", "4"], ["-k", "4", "--adaptive-k", "--k-max", "6"]):
         note_unused(build_parser().parse_args(["generate", "--target", "t", *argv]), ["nsd"])
         assert capsys.readouterr().err == ""
+    # --draft-context sets what the draft model reads: prompt lookup alone (named, or
+    # the default without --draft) never reads it; with a draft model it acts.
+    for argv in (["--draft-context", "32"], ["--draft", "d", "--proposer", "ngram", "--draft-context", "32"]):
+        note_unused(build_parser().parse_args(["generate", "--target", "t", *argv]), ["sd"])
+        proposer = "ngram"
+        assert capsys.readouterr().err == (f"nsd: --draft-context 32 does nothing with the {proposer} "
+                                           "proposer (only a draft model reads it)\n")
+    for argv in (["--draft", "d"], ["--draft", "d", "--proposer", "hybrid"]):
+        note_unused(build_parser().parse_args(["generate", "--target", "t", *argv, "--draft-context", "32"]), ["sd"])
+        assert capsys.readouterr().err == ""
+    # With ar only, the method rule says it first (and once).
+    note_unused(build_parser().parse_args(["generate", "--target", "t", "--draft-context", "32"]), ["ar"])
+    assert capsys.readouterr().err.count("--draft-context 32 does nothing") == 1
 
 
 def test_generate_json_reports_the_method_asked_for_and_the_one_that_ran(monkeypatch, capsys) -> None:

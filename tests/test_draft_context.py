@@ -91,6 +91,19 @@ def test_a_cached_prompt_is_reused_when_few_tokens_are_missing() -> None:
     assert draft.cached_tokens[:4] == PROMPT[-4:] and proposer.reused_tokens == 0
 
 
+def test_the_window_counts_prompt_tokens_when_lookup_drafted_first() -> None:
+    # The hybrid proposer's prompt lookup may take the first blocks: the draft's first call
+    # then sees the prompt and 6 generated tokens. Its window still holds the prompt's last
+    # 4 tokens, and it reads the generated ones after them.
+    draft = CountingLM(vocab_size=32, seed=5)
+    proposer = DraftModelProposer(draft, GREEDY, 32, prompt_window=4)
+    proposer.begin(len(PROMPT))
+    generated = [3, 9, 27, 1, 2, 5]
+    proposer.propose(PROMPT + generated, 2, generator=None)
+    assert draft.reads[0] == 4 + len(generated)
+    assert draft._tokens[:4 + len(generated)] == PROMPT[-4:] + generated
+
+
 def test_draft_context_is_checked_and_reaches_the_loop() -> None:
     assert GenerationConfig(method="sd", draft_context=64).decode_config().draft_context == 64
     assert GenerationConfig().draft_context == 0  # the default: the whole prompt

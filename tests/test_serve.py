@@ -170,17 +170,20 @@ def test_k_auto_is_passed_to_the_library(server) -> None:
 
 def test_draft_context_is_passed_to_the_library(server) -> None:
     client, _ = server
-    r = _completion(client, max_tokens=6, nsd={"method": "sd", "draft_context": 1})
-    assert r.status_code == 200 and r.json()["usage"]["nsd"]["new_tokens"] == 6
     card = client.get("/v1/models").json()["data"][0]
     assert card["nsd"]["defaults"]["draft_context"] == 0
-    # The request's value is the generation's (the HTTP call above cannot see it).
+    # This server drafts by prompt lookup alone, which reads no draft context: refused.
+    r = _completion(client, max_tokens=6, nsd={"method": "sd", "draft_context": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "nsd.draft_context"
+    assert "does nothing on this server: it drafts with the ngram proposer" in r.json()["error"]["message"]
+    # With a draft model the request's value is the generation's.
     from nsd.api import GenerationConfig
     from nsd.serve.protocol import CompletionRequest, generation_config
 
     request = CompletionRequest.model_validate({"model": "mock", "prompt": "ab",
                                                 "nsd": {"method": "sd", "draft_context": 7}})
-    assert generation_config(request, GenerationConfig(), 4).draft_context == 7
+    for proposer in ("draft", "hybrid", None):
+        assert generation_config(request, GenerationConfig(), 4, proposer=proposer).draft_context == 7
 
 
 BAD = [

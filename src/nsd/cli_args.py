@@ -133,8 +133,11 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
         value = getattr(args, name, None)
         if value is not None and value != optspec.ALL[name].default:
             given[name] = value
+    # Without --proposer the engine drafts with the draft model where one is given (beside
+    # prompt lookup or not), else with prompt lookup alone.
+    proposer = getattr(args, "proposer", None) or ("draft" if getattr(args, "draft", None) else "ngram")
     for name, why in optspec.inert_options(given, methods, getattr(args, "k", "auto"),
-                                           getattr(args, "adaptive_k", False)):
+                                           getattr(args, "adaptive_k", False), proposer):
         option, value = optspec.ALL[name], given[name]
         if why == "fixed_k":
             print(f"nsd: --k-max {value} does nothing with a fixed -k {args.k} (it bounds -k auto "
@@ -143,6 +146,10 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
         named = _flag_label(option)
         if option.type is not bool:  # a switch is named alone: "--smooth", not "--smooth True"
             named = f"{named} {value}"
+        if why == "proposer":
+            print(f"nsd: {named} does nothing with the {proposer} proposer (only a draft model "
+                  "reads it)", file=sys.stderr)
+            continue
         print(f"nsd: {named} does nothing with {flag} {','.join(methods)} (it acts on "
               f"{', '.join(option.methods)})", file=sys.stderr)
 

@@ -125,15 +125,20 @@ def k_max_acts(k: int | str, adaptive_k: bool) -> bool:
 
 
 def inert_options(given: Mapping[str, Any], methods: Iterable[str], k: int | str = "auto",
-                  adaptive_k: bool = False) -> list[tuple[str, str]]:
+                  adaptive_k: bool = False, proposer: str | None = None) -> list[tuple[str, str]]:
     """The options set in ``given`` that would change nothing when ``methods`` run, each
     as ``(name, why)``: ``why`` is ``"method"`` for one that acts on none of ``methods``
     (``theta`` with ``sd``), ``"fixed_k"`` for ``k_max`` with a fixed ``k`` (see
-    :func:`k_max_acts`). The one rule the CLI's notes and the server's refusals apply."""
+    :func:`k_max_acts`), ``"proposer"`` for one that only a draft model reads
+    (:data:`DRAFT_MODEL_OPTIONS`) where ``proposer`` drafts without one (None: not known).
+    The one rule the CLI's notes and the server's refusals apply."""
     methods = list(methods)
     out = [(name, "method") for name in given if not _KNOWN[name].acts_on(methods)]
     if "k_max" in given and _KNOWN["k_max"].acts_on(methods) and not k_max_acts(k, adaptive_k):
         out.append(("k_max", "fixed_k"))
+    if proposer is not None and proposer not in NEEDS_DRAFT:
+        out += [(name, "proposer") for name in given
+                if name in DRAFT_MODEL_OPTIONS and (name, "method") not in out]
     return out
 
 
@@ -166,6 +171,8 @@ DEVIATION_BOUND_METHODS = ("fly",)
 # block it covers whole after a match of 3 tokens).
 PROPOSERS = ("draft", "ngram", "hybrid")
 NEEDS_DRAFT = ("draft", "hybrid")
+# The options only a draft model reads: with prompt lookup alone they change nothing.
+DRAFT_MODEL_OPTIONS = ("draft_context",)
 DEFAULT_PROPOSER = "hybrid"  # with a draft model whose lookup estimates are measured
 
 

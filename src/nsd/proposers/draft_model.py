@@ -30,7 +30,7 @@ class DraftModelProposer(Proposer):
 
     ``prompt_window`` (``--draft-context``; 0: none) bounds the prompt tokens the draft reads
     anew: where more than that many are missing from its cache at a generation's first
-    block, it starts over from the context's last ``prompt_window`` tokens and drafts from
+    block, it starts over from the prompt's last ``prompt_window`` tokens and drafts from
     that window for the rest of the generation (its positions start there). The target
     verifies against the whole context, so every rule keeps its law; only how often the
     drafts are accepted can change.
@@ -79,11 +79,15 @@ class DraftModelProposer(Proposer):
 
     def _window_start(self, context: Sequence[int]) -> int:
         """Where the draft's view of ``context`` starts: 0 where its cache lacks at most
-        ``prompt_window`` tokens of it (or there is no window), else the window's start."""
-        missing = len(context) - common_prefix_length(self._fed, context)
+        ``prompt_window`` tokens of the prompt (or there is no window), else ``prompt_window``
+        tokens before the prompt's end. The window counts prompt tokens only: blocks that
+        prompt lookup drafted before the draft's first one (hybrid proposer) have made the
+        context longer, and the draft reads those generated tokens besides its window."""
+        prompt = self._prompt_length or len(context)  # outside a decoding loop: all of it
+        missing = prompt - min(common_prefix_length(self._fed, context), prompt)
         if not self.prompt_window or missing <= self.prompt_window:
             return 0
-        return len(context) - self.prompt_window
+        return prompt - self.prompt_window
 
     def propose(self, context: Sequence[int], k: int, generator: torch.Generator,
                 lookup: bool = False) -> Proposal:

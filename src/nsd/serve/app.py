@@ -208,7 +208,8 @@ async def _admit(request: Request, served: _Served, chat: bool,
     # Validate every knob before tokenising; the token budget is fixed afterwards.
     gen_config = generation_config(req, config.defaults,
                                    req.requested_tokens or config.defaults.max_new_tokens,
-                                   check=worker.check)
+                                   check=worker.check,
+                                   proposer=getattr(served.model.engine, "proposer_kind", None))
     engine = served.model.engine
     vocab = getattr(getattr(engine, "target", None), "vocab_size", None)
     if vocab is not None and any(t >= vocab for t, _ in req.logit_bias_pairs):

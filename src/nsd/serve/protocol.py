@@ -441,9 +441,12 @@ def _param_name(loc: tuple[Any, ...]) -> str | None:
 
 def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
                       max_new_tokens: int,
-                      check: Callable[[GenerationConfig], None] | None = None) -> GenerationConfig:
+                      check: Callable[[GenerationConfig], None] | None = None,
+                      proposer: str | None = None) -> GenerationConfig:
     """The request's settings over the server's defaults, validated by the library itself
-    and then by ``check`` (what the engine can run); each failure is a 400 naming the field."""
+    and then by ``check`` (what the engine can run); each failure is a 400 naming the field.
+    ``proposer``: the server's (None: not known), against which draft-model-only fields of
+    the ``nsd`` object are checked."""
     overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty"):
@@ -460,7 +463,7 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     try:
         config = dataclasses.replace(defaults, **overrides)  # validated whole on construction
         if request.nsd is not None:
-            _check_applies(request.nsd.model_dump(exclude_none=True), config)
+            _check_applies(request.nsd.model_dump(exclude_none=True), config, proposer)
         if check is not None:
             check(config)
     except (NSDError, TypeError, ValueError) as exc:
@@ -474,15 +477,19 @@ def generation_config(request: _GenerationRequest, defaults: GenerationConfig,
     return config
 
 
-def _check_applies(given: dict[str, Any], config: GenerationConfig) -> None:
+def _check_applies(given: dict[str, Any], config: GenerationConfig, proposer: str | None = None) -> None:
     """A rule or draft-length field of the ``nsd`` object that acts on other methods than
-    the request's (``theta`` with method ``sd``), or ``k_max`` with a fixed k, would change
-    nothing: refused, not ignored."""
+    the request's (``theta`` with method ``sd``), ``k_max`` with a fixed k, or a field only a
+    draft model reads on a server drafting by prompt lookup alone, would change nothing:
+    refused, not ignored."""
     method = config.method
-    for name, why in optspec.inert_options(given, [method], config.k, config.adaptive_k)[:1]:
+    for name, why in optspec.inert_options(given, [method], config.k, config.adaptive_k, proposer)[:1]:
         if why == "fixed_k":
             raise NSDError(f"k_max {given['k_max']!r} does nothing with a fixed k ({config.k}): it "
                            "bounds k auto and adaptive_k; leave it out or set k to auto")
+        if why == "proposer":
+            raise NSDError(f"{name} {given[name]!r} does nothing on this server: it drafts with "
+                           f"the {proposer} proposer, and only a draft model reads {name}; leave it out")
         raise NSDError(f"{name} {given[name]!r} does nothing with method {method} (it acts on "
                        f"{', '.join(optspec.ALL[name].methods)}); leave it out or choose one of "
                        "those methods")
