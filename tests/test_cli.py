@@ -263,6 +263,18 @@ def test_a_flag_no_chosen_method_uses_gets_a_note(capsys) -> None:
     for argv in (["--draft", "d"], ["--draft", "d", "--proposer", "hybrid"]):
         note_unused(build_parser().parse_args(["generate", "--target", "t", *argv, "--draft-context", "32"]), ["sd"])
         assert capsys.readouterr().err == ""
+    # serve and bench, where any method may run: the proposer alone decides.
+    from nsd.cli_args import note_unread_by_proposers
+
+    note_unread_by_proposers(build_parser().parse_args(["serve", "--target", "t", "--draft-context", "32"]))
+    assert capsys.readouterr().err == ("nsd: --draft-context 32 does nothing with the ngram proposer "
+                                       "(only a draft model reads it)\n")
+    args = build_parser().parse_args(["serve", "--target", "t", "--draft", "d", "--draft-context", "32"])
+    note_unread_by_proposers(args)
+    note_unread_by_proposers(args, ["ngram", "draft"])  # bench: one of its proposers reads it
+    assert capsys.readouterr().err == ""
+    note_unread_by_proposers(args, ["ngram"])
+    assert "--draft-context 32 does nothing with the ngram proposer" in capsys.readouterr().err
     # With ar only, the method rule says it first (and once).
     note_unused(build_parser().parse_args(["generate", "--target", "t", "--draft-context", "32"]), ["ar"])
     assert capsys.readouterr().err.count("--draft-context 32 does nothing") == 1

@@ -98,6 +98,30 @@ def test_nsd_greedy_accepts_more_and_reports_deviation() -> None:
     assert budget.deviation <= 2.0 and budget.relaxed_accepts <= 2
 
 
+@pytest.mark.parametrize("rule", [RuleConfig(kind="nucleus", theta=0.9), RuleConfig(kind="typical"),
+                                  RuleConfig(kind="nucleus", theta=0.9, budget=1.5)])
+def test_per_position_counts_add_up_over_many_blocks(rule: RuleConfig) -> None:
+    # Sampled, several blocks of k = 4 with rejections at different positions: each
+    # position's counts are over the blocks that reached it, and they add up to the totals.
+    target = MockLM(vocab_size=32, seed=6, sharpness=1.0)
+    draft = MockLM(vocab_size=32, seed=7, sharpness=1.0)
+    sampling = SamplingConfig(temperature=1.0)
+    stats = _run(target, DecodeConfig(rule=rule, sampling=sampling, k=4, max_new_tokens=80, seed=3),
+                 DraftModelProposer(draft, sampling))[1]
+    n = len(stats.position_attempts)
+    assert n == 4 and len(stats.position_relaxed) == n and len(stats.position_deviation) == n
+    # Else the test shows nothing (with a budget E is charged while it lasts, whether or
+    # not a relaxed accept happens, and here it ran out before one did).
+    assert stats.deviation > 0 and (stats.relaxed_accepts > 0 or rule.budget < math.inf)
+    assert sum(stats.position_relaxed) == stats.relaxed_accepts
+    assert math.isclose(sum(stats.position_deviation), stats.deviation, rel_tol=1e-12)
+    assert all(r <= a <= t for r, a, t in zip(stats.position_relaxed, stats.position_accepts,
+                                               stats.position_attempts))
+    assert all(d >= 0 for d in stats.position_deviation)
+    # Later positions are reached by fewer blocks, so their counts are not all the same.
+    assert stats.position_attempts[0] > stats.position_attempts[-1]
+
+
 def _exact_sequence_probs(target: MockLM, prompt: list[int], length: int, v: int,
                           law=lambda logits: torch.softmax(logits, -1).tolist()) -> dict:
     """Every sequence of ``length`` tokens with positive probability under ``law`` (logits

@@ -104,6 +104,19 @@ def test_the_window_counts_prompt_tokens_when_lookup_drafted_first() -> None:
     assert draft._tokens[:4 + len(generated)] == PROMPT[-4:] + generated
 
 
+def test_a_cached_prompt_is_kept_when_lookup_generated_more_than_the_window() -> None:
+    # The draft's cache holds the whole prompt (a prefix cache's restore) and prompt lookup
+    # generated 6 > 4 tokens before the draft's first block: no prompt token is missing,
+    # so the draft keeps its cache and reads only the generated tokens.
+    draft = CachingLM(vocab_size=32, seed=5)
+    draft.forward(PROMPT)
+    proposer = DraftModelProposer(draft, GREEDY, 32, reuse_cache=True, prompt_window=4)
+    proposer.begin(len(PROMPT))
+    proposer.propose(PROMPT + [3, 9, 27, 1, 2, 5], 2, generator=None)
+    assert proposer.reused_tokens == len(PROMPT)
+    assert draft.cached_tokens[:len(PROMPT) + 6] == PROMPT + [3, 9, 27, 1, 2, 5]
+
+
 def test_draft_context_is_checked_and_reaches_the_loop() -> None:
     assert GenerationConfig(method="sd", draft_context=64).decode_config().draft_context == 64
     assert GenerationConfig().draft_context == 0  # the default: the whole prompt

@@ -115,3 +115,32 @@ def test_a_greedy_nsd_answer_is_the_same_alone_and_in_a_batch_of_four(kind: str,
         # An exact greedy answer reports relaxed false.
         exact = _post(client, prompt, temperature=0.0, max_tokens=10, nsd={"method": "sd", "k": 2})
         assert exact["usage"]["nsd"]["relaxed"] is False and exact["usage"]["nsd"]["deviation"] == 0
+
+
+def test_draft_context_reaches_the_draft_through_the_server(monkeypatch) -> None:
+    # A server drafting with a draft model takes nsd.draft_context (an ngram server refuses
+    # it: tests/test_serve.py): the draft reads only the prompt's last 3 tokens, and greedy
+    # SD's answer is the same as with the whole prompt (the target reads all of it).
+    monkeypatch.setattr("nsd.engine.host_costs", lambda *_, **__: HostCosts(0.0, 0.0, 0.0, 0.0))
+    reads: list[int] = []
+
+    class CountingDraft(MockLM):
+        def forward(self, tokens, all_logits: bool = True):
+            reads.append(len(tokens))
+            return super().forward(tokens, all_logits)
+
+    target = SlowLM(delay=0.0, vocab_size=16, seed=1)
+    engine = _with_costs(Engine.from_backends(target, MockTokenizer(), proposer="draft",
+                                              draft=CountingDraft(vocab_size=16, seed=2), eos_token_ids=()))
+    config = ServerConfig(model_name="m", defaults=GenerationConfig(k_max=K_MAX, max_new_tokens=12))
+    prompt = "abcabdabcabe"
+    with running_server(engine, config) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        answers = []
+        for window in (3, 0):
+            reads.clear()
+            body = _post(client, prompt, temperature=0.0, max_tokens=12,
+                         nsd={"method": "sd", "k": 2, "draft_context": window})
+            answers.append(body["choices"][0]["text"])
+            if window:  # a fresh draft: it reads the window (the second request reuses its cache)
+                assert reads[0] == 3
+        assert answers[0] == answers[1]

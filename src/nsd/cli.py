@@ -15,7 +15,8 @@ from typing import NoReturn, Sequence
 
 from nsd import options as optspec
 from nsd.cli_args import (add_decoding_args, add_model_args, add_options, backend_options,
-                          check_flags, generation_config, note_unused)
+                          check_flags, generation_config, note_unread_by_proposers,
+                          note_unused)
 from nsd.errors import NSDError
 
 
@@ -126,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from nsd.serve.server import default_model_name
 
     check_flags(args, optspec.SERVING)  # range errors name the flag (--parallel), not the field
+    note_unread_by_proposers(args)  # any method may be asked for: the proposer alone decides
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise NSDError("--served-model-name is empty: give the name clients will send, or leave "
                        "the flag out to serve the target's name")

@@ -133,9 +133,7 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
         value = getattr(args, name, None)
         if value is not None and value != optspec.ALL[name].default:
             given[name] = value
-    # Without --proposer the engine drafts with the draft model where one is given (beside
-    # prompt lookup or not), else with prompt lookup alone.
-    proposer = getattr(args, "proposer", None) or ("draft" if getattr(args, "draft", None) else "ngram")
+    proposer = _proposer(args)
     for name, why in optspec.inert_options(given, methods, getattr(args, "k", "auto"),
                                            getattr(args, "adaptive_k", False), proposer):
         option, value = optspec.ALL[name], given[name]
@@ -147,11 +145,35 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
         if option.type is not bool:  # a switch is named alone: "--smooth", not "--smooth True"
             named = f"{named} {value}"
         if why == "proposer":
-            print(f"nsd: {named} does nothing with the {proposer} proposer (only a draft model "
-                  "reads it)", file=sys.stderr)
+            _proposer_note(named, [proposer])
             continue
         print(f"nsd: {named} does nothing with {flag} {','.join(methods)} (it acts on "
               f"{', '.join(option.methods)})", file=sys.stderr)
+
+
+def note_unread_by_proposers(args: argparse.Namespace, proposers: Sequence[str] | None = None) -> None:
+    """Where no proposer that will run drafts with a draft model (``proposers``; None: the
+    one the flags choose), say so of the options only a draft model reads
+    (``--draft-context``). For front ends where any method may run (serve, bench), so only
+    the proposer part of the inert-options rule applies."""
+    proposers = list(proposers) if proposers is not None else [_proposer(args)]
+    given = {name: getattr(args, name) for name in optspec.DRAFT_MODEL_OPTIONS
+             if getattr(args, name, None) not in (None, optspec.ALL[name].default)}
+    inert = [set(optspec.inert_options(given, optspec.SPECULATIVE, proposer=p)) for p in proposers]
+    for name in given:
+        if all((name, "proposer") in found for found in inert):
+            _proposer_note(f"{_flag_label(optspec.ALL[name])} {given[name]}", proposers)
+
+
+def _proposer(args: argparse.Namespace) -> str:
+    """The proposer the flags choose, as far as a draft model is concerned: without
+    --proposer, one that drafts with the draft model where one is given, else prompt lookup."""
+    return getattr(args, "proposer", None) or optspec.default_proposer(bool(getattr(args, "draft", None)))
+
+
+def _proposer_note(named: str, proposers: Sequence[str]) -> None:
+    print(f"nsd: {named} does nothing with the {','.join(proposers)} proposer (only a draft model "
+          "reads it)", file=sys.stderr)
 
 
 def backend_options(args: argparse.Namespace):

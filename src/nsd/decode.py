@@ -112,8 +112,9 @@ class DecodeStats:
     position_accepts: list[int] = field(default_factory=list)
     # Of position_accepts, those accepted only thanks to the relaxed set; and the deviation
     # charged at each draft position (Σ λ_t·E_t over the blocks reaching it, so
-    # Σ_i position_deviation[i] = deviation). Where a relaxed rule gains and what it costs,
-    # position by position: the reading of the rules' frontier.
+    # Σ_i position_deviation[i] = deviation up to float rounding: D adds block by block).
+    # Where a relaxed rule gains and what it costs, position by position: the reading of
+    # the rules' frontier.
     position_relaxed: list[int] = field(default_factory=list)
     position_deviation: list[float] = field(default_factory=list)
     accepted_per_pass: list[int] = field(default_factory=list)  # accepted per pass that verified drafts
@@ -336,9 +337,9 @@ class DecodeTally:
             deviation=float(self.spent[0]), stop_reason=self.stop_reason,
             prefill_s=self.prefill_s, wall_s=time.perf_counter() - self.start,
             propose_s=self.propose_s, target_s=self.target_s, position_attempts=attempts,
-            position_accepts=_fit(self.accepts, len(attempts)),
-            position_relaxed=_fit(self.relaxed_at, len(attempts)),
-            position_deviation=_fit(self.deviation_at, len(attempts)),
+            position_accepts=(self.accepts + [0] * len(attempts))[:len(attempts)],
+            # Both are as long as attempts: each block adds to the positions it reached.
+            position_relaxed=list(self.relaxed_at), position_deviation=list(self.deviation_at),
             accepted_per_pass=self.accepted_per_pass, k_per_pass=self.k_per_pass,
             predicted_tokens_per_s=predicted_tokens_per_s, lookup_blocks=self.lookup_blocks,
             lookup_drafted=self.lookup_drafted, lookup_accepted=self.lookup_accepted,
@@ -530,11 +531,6 @@ def _add_at(totals: list, values: Sequence) -> None:
     totals.extend([0] * (len(values) - len(totals)))
     for i, v in enumerate(values):
         totals[i] += v
-
-
-def _fit(values: list, n: int) -> list:
-    """``values`` cut or zero-padded to ``n`` entries (one per position reached)."""
-    return (values + [0] * n)[:n]
 
 
 def _trim_zeros(counts: list[int]) -> list[int]:

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from nsd import options as optspec
-from nsd.cli_args import add_decoding_args, add_model_args, backend_options, generation_config
+from nsd.cli_args import (add_decoding_args, add_model_args, backend_options, generation_config,
+                          note_unread_by_proposers)
 from nsd.errors import NSDError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -180,6 +181,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.draft = args.draft or DEFAULT_DRAFT
     proposers = args.proposers if args.proposers is not None else \
         [optspec.default_proposer(bool(args.draft), lookup_measured(args.target, args.draft))]
+    note_unread_by_proposers(args, proposers)
     if not 0.0 <= args.max_other_load <= 1.0:
         raise NSDError(f"--max-other-load must be in [0, 1], got {args.max_other_load}")
     ks = [k if k == "auto" else _int_k(k) for k in args.ks]

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from nsd.bench import metrics, speed
-from nsd.bench.methods import MethodSpec, expand_methods, spec_from_record
+from nsd.bench.methods import MethodSpec, expand_methods, is_peer_family, spec_from_record
 from nsd.bench.report import fidelity_table, summarize, summarize_by_category
 from nsd.bench.speed import paired_ratio
 from nsd.bench.store import read_journal
@@ -176,9 +176,9 @@ def position_table(summary: list[dict]) -> list[str]:
     D charged there, each per block reaching that position (none where the summary
     predates the per-position counts). Where a rule gains (its relaxed accepts at late
     positions lengthen the accepted run) and what it pays for it, position by position."""
-    rows = [r for r in summary if r["family"] != "ar" and r.get("relaxed_by_position") is not None
-            and r.get("deviation_by_position") is not None]
-    if not any(r["family"] != "sd" for r in rows):
+    rows = [r for r in summary if r["family"] != "ar" and not is_peer_family(r["family"])
+            and r.get("relaxed_by_position") is not None and r.get("deviation_by_position") is not None]
+    if not any(r["family"] != "sd" for r in rows):  # nothing relaxed to read
         return []
     cell = lambda values, fmt: " ".join(fmt.format(v) for v in values)  # noqa: E731
     out = ["By draft position (per block reaching it; positions 1..k left to right):", "",

@@ -226,6 +226,8 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
                       "column is the log-likelihood change against SD divided by the relaxed "
                       "accepts per token):",
                       "", *cost]
+        if positions := frontier.position_table(rows):
+            table += ["", *positions]
     plot = next((p for p in (f"{RESULTS}/{run.path}/{name}" for name in
                              (("frontier_rules.png",) if fidelity else ()) +
                              ("speedup_vs_pass_change.png", "quality_vs_speedup.png"))
