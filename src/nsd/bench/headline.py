@@ -118,6 +118,9 @@ FRONTIER: tuple[RunRef, ...] = (
     RunRef("frontier-zen3/humaneval-t0", "avx2", "HumanEval-40, T = 0, with the engines' rules (Zen 3)",
            "4433533", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 40 --no-progress" '
            "bash benchmarks/run_frontier.sh humaneval-t0", "draft"),
+    RunRef("frontier-zen3/humaneval-t0.8", "avx2", "HumanEval-20, T = 0.8, with the engines' rules (Zen 3)",
+           "6445826", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 20 --no-progress" '
+           "bash benchmarks/run_frontier.sh humaneval-t0.8", "draft"),
 )
 VLLM = RunRef("vllm", "vnni", "HumanEval 5 + Spec-Bench 5, T = 0 and 0.8", "7cd5386",
               ".venv-vllm/bin/python benchmarks/vllm_bench.py --limit 5 --max-tokens 128 "
