@@ -128,11 +128,7 @@ def note_unused(args: argparse.Namespace, methods: Sequence[str], flag: str = "-
     """Say so where a flag set away from its default acts on none of the methods that will
     run (``--theta`` with ``--method sd``): it would change nothing. A note, not an error:
     the same flags are often passed to every method in turn."""
-    given = {}
-    for name in (*optspec.DECODING, *optspec.DRAFT_LENGTH):
-        value = getattr(args, name, None)
-        if value is not None and value != optspec.ALL[name].default:
-            given[name] = value
+    given = _set_flags(args, (*optspec.DECODING, *optspec.DRAFT_LENGTH))
     proposer = _proposer(args)
     for name, why in optspec.inert_options(given, methods, getattr(args, "k", "auto"),
                                            getattr(args, "adaptive_k", False), proposer):
@@ -157,12 +153,21 @@ def note_unread_by_proposers(args: argparse.Namespace, proposers: Sequence[str] 
     (``--draft-context``). For front ends where any method may run (serve, bench), so only
     the proposer part of the inert-options rule applies."""
     proposers = list(proposers) if proposers is not None else [_proposer(args)]
-    given = {name: getattr(args, name) for name in optspec.DRAFT_MODEL_OPTIONS
-             if getattr(args, name, None) not in (None, optspec.ALL[name].default)}
+    given = _set_flags(args, optspec.DRAFT_MODEL_OPTIONS)
     inert = [set(optspec.inert_options(given, optspec.SPECULATIVE, proposer=p)) for p in proposers]
     for name in given:
         if all((name, "proposer") in found for found in inert):
             _proposer_note(f"{_flag_label(optspec.ALL[name])} {given[name]}", proposers)
+
+
+def _set_flags(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The options of ``names`` the command line set away from their defaults."""
+    given = {}
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value != optspec.ALL[name].default:
+            given[name] = value
+    return given
 
 
 def _proposer(args: argparse.Namespace) -> str:

@@ -320,11 +320,8 @@ class DecodeTally:
         self.relaxed += int(sum(relaxed))
         _add_at(self.relaxed_at, [int(r) for r in relaxed])
         _add_at(self.deviation_at, charged)
-        reached = min(emitted_acc + 1, emitted_drafts)
-        for counter, upto in ((self.attempts, reached), (self.accepts, emitted_acc)):
-            counter.extend([0] * (upto - len(counter)))
-            for i in range(upto):
-                counter[i] += 1
+        _add_at(self.attempts, [1] * min(emitted_acc + 1, emitted_drafts))  # positions reached
+        _add_at(self.accepts, [1] * emitted_acc)
         self.accepted_per_pass.append(emitted_acc)
 
     def to_stats(self, method: str, predicted_tokens_per_s: float | None,

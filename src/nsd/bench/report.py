@@ -37,6 +37,7 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
         if not rs:
             continue
         stats = [r["stats"] for r in rs]
+        attempts = [s["position_attempts"] for s in stats]  # per record, per draft position
         # the draft reading the prompt, mean per prompt: None where a record predates the
         # measure (a run resumed across it), and then the draft ms below still hold it
         draft_prefill = aggregate.mean(s["draft_prefill_s"] for s in stats) \
@@ -58,14 +59,12 @@ def summarize(records: Sequence[dict], methods: Sequence[MethodSpec]) -> list[di
             "acceptance_rate": _ratio(sum(s["accepted_tokens"] for s in stats),
                                       sum(s["drafted_tokens"] for s in stats)),
             "acceptance_by_position": metrics.acceptance_by_position(
-                [s["position_attempts"] for s in stats], [s["position_accepts"] for s in stats]),
+                attempts, [s["position_accepts"] for s in stats]),
             # Per draft position (reached): relaxed accepts, and the D charged there; None
             # where a record predates these counts.
-            "relaxed_by_position": metrics.per_position(
-                [s["position_attempts"] for s in stats], [s["position_relaxed"] for s in stats])
+            "relaxed_by_position": metrics.per_position(attempts, [s["position_relaxed"] for s in stats])
             if all("position_relaxed" in s for s in stats) else None,
-            "deviation_by_position": metrics.per_position(
-                [s["position_attempts"] for s in stats], [s["position_deviation"] for s in stats])
+            "deviation_by_position": metrics.per_position(attempts, [s["position_deviation"] for s in stats])
             if all("position_deviation" in s for s in stats) else None,
             "relaxed_share": _ratio(sum(s["relaxed_accepts"] for s in stats),
                                     sum(s["accepted_tokens"] for s in stats)),
