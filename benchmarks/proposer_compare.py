@@ -21,14 +21,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
+from nsd.bench.metrics import bootstrap_median
 from nsd.bench.speed import by_prompt, decode_rate, paired_ratio
 from nsd.bench.store import read_journal
 from nsd.errors import NSDError
-
-RESAMPLES = 4000
-SEED = 0
 
 
 def _rate(record: dict, decode: bool) -> float | None:
@@ -45,14 +41,6 @@ def _ratios(prompts: dict[str, dict[str, dict]], method: str, reference: str,
             if a is not None and b:
                 out[uid] = a / b
     return out
-
-
-def _bootstrap_median(values: list[float]) -> tuple[float, float]:
-    rng = np.random.default_rng(SEED)
-    data = np.asarray(values)
-    picks = rng.integers(0, len(data), size=(RESAMPLES, len(data)))
-    medians = np.median(data[picks], axis=1)
-    return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
 
 
 def _aggregate(records: list[dict], method: str, decode: bool, prompts: set[str]) -> float:
@@ -82,7 +70,7 @@ def compare(journal: Path, by_category: bool, decode: bool) -> list[str]:
         if not ratios:
             continue
         values = list(ratios.values())
-        low, high = _bootstrap_median(values)
+        low, high = bootstrap_median(values)
         faster = sum(v > 1 for v in values) / len(values)
         rate = functools.partial(_rate, decode=decode)
         lines.append(

@@ -262,8 +262,12 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys)
     # The small summary the repository keeps: everything but the records, plus the paired
     # ratios that the documents' tables read (the same figures as the report's "vs AR").
     small = json.loads((out / "summary.json").read_text())
-    assert {k: v for k, v in small.items() if k not in ("paired", "weights")} == \
+    assert {k: v for k, v in small.items() if k not in ("paired", "weights", "prompt_rates")} == \
         {k: v for k, v in results.items() if k != "records"}
+    # And each prompt's tokens/s per method, which the paired medians' intervals resample.
+    assert small["prompt_rates"] == {r["prompt"]: {**small["prompt_rates"][r["prompt"]],
+                                                   r["method"]: pytest.approx(r["tokens_per_s"], rel=1e-5)}
+                                     for r in results["records"]}
     for row in results["summary"]:
         if row["method"] != "ar":
             assert small["paired"][row["method"]]["ar"] == pytest.approx(row["speedup_vs_ar"])
@@ -274,6 +278,15 @@ def test_cli_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys)
     # Changed decoding settings into the same folder: a clear error, exit status 2.
     assert main(argv + ["--temperature", "0.7"]) == 2
     assert "different settings" in capsys.readouterr().err
+    # A run journaled before nsd had a knob (its settings lack it) resumes while the knob
+    # stays at its default, and is refused once it is set.
+    settings = json.loads((out / "settings.json").read_text())
+    del settings["generation"]["draft_context"], settings["generation"]["fly_window_size"]
+    (out / "settings.json").write_text(json.dumps(settings))
+    assert main(argv) == 0
+    assert capsys.readouterr().out == report
+    assert main(argv + ["--draft-context", "64"]) == 2
+    assert "(generation.draft_context: unset -> 64)" in capsys.readouterr().err
     assert main(argv + ["--methods", "ar,fast"]) == 2
     assert "unknown method 'fast'" in capsys.readouterr().err
     assert main(argv + ["--target", "custom.gguf"]) == 2  # a custom target brings no draft

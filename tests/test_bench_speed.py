@@ -10,6 +10,7 @@ import pytest
 
 from nsd.bench import speed
 from nsd.bench.schedule import method_order, missing
+from nsd.errors import NSDError
 
 
 def record(prompt: str, method: str, visible: int, generated: int, wall: float, prefill: float = 0.5) -> dict:
@@ -49,3 +50,16 @@ def test_decode_rate_and_paired_speedup_lines() -> None:
 def test_method_order_and_missing() -> None:
     assert method_order(("a", "b", "c"), 4) == ["b", "c", "a"]
     assert missing([("p", "a"), ("p", "b"), ("q", "a")], {("p", "a"): {}}) == 2
+
+
+def test_prompt_rates_and_the_pair_lines() -> None:
+    rows = [record("a", "ar", 10, 10, 1.0), record("a", "topk_delta@K10,d0.4/draft", 10, 10, 0.5),
+            record("b", "ar", 10, 10, 1.0), record("b", "topk_delta@K10,d0.4/draft", 10, 10, 2.0)]
+    assert speed.prompt_rates(rows) == {"a": {"ar": 10.0, "topk_delta@K10,d0.4/draft": 20.0},
+                                        "b": {"ar": 10.0, "topk_delta@K10,d0.4/draft": 5.0}}
+    lines = speed.paired_interval_lines(Path("j.jsonl"), rows, [("topk_delta@K10,d0.4/draft", "ar")])
+    assert lines[0] == "\nj.jsonl: paired median tok/s ratio [bootstrap 95 % interval] (prompts)"
+    # Ratios 2 and 0.5: median 1.25; a resample of two is (0.5, 0.5), mixed or (2, 2).
+    assert lines[1] == "  topk_delta@K10,d0.4/draft / ar: 1.250 [0.500, 2.000] (2)"
+    with pytest.raises(NSDError, match=r"j.jsonl has no method sd/draft \(it has ar, topk"):
+        speed.paired_interval_lines(Path("j.jsonl"), rows, [("sd/draft", "ar")])

@@ -12,7 +12,7 @@ import pytest
 
 from nsd.bench import frontier as fr
 from nsd.bench.methods import expand_methods
-from nsd.bench.report import summarize
+from nsd.bench.report import small_summary, summarize
 from nsd.errors import NSDError
 
 METHODS = expand_methods(["ar", "sd", "nsd"], [0.9], [], ["draft"])  # ar, sd/draft, nsd@0.9/draft
@@ -101,6 +101,17 @@ def test_rules_frontier_table_and_plot_from_a_smoke_sized_run(tmp_path: Path) ->
     assert table[4] == "| AR's | topk_delta@K10,d0.6/draft | 1.40 | - | 1.40 | - |"
     assert table[5] == "| AR − 1 problem | nsd@0.9/draft | 1.50 | 1.50 | 1.40 | - |"
     assert table[6].startswith("| AR − 2 problems | nsd@0.9/draft | 1.50 | 1.50 | 1.40 | 1.30 |")
+    # NSD's fastest point against the fastest other one, prompt by prompt (15/14 on both).
+    against = next(b for b in blocks if b.startswith("NSD against the fastest other")).splitlines()
+    assert against[4] == "| AR's | none | topk_delta@K10,d0.6/draft | - | - | - |"
+    assert against[5] == "| AR − 1 problem | nsd@0.9/draft | topk_delta@K10,d0.6/draft | 1.07 | [1.07, 1.07] | 2 |"
+    summary = summarize(records, fr.run_methods(records))
+    points, _ = fr.frontier_points(summary, True)
+    assert fr.nsd_against_best(points, summary, True, None) == []  # a summary without per-prompt rates
+    # The run's small summary keeps those rates, so BENCHMARKS.md prints the same table.
+    small = small_summary({"settings": {}, "records": records})
+    assert small["prompt_rates"]["p1"] == {m: float(v) for m, v in speeds.items()}
+    assert fr.nsd_against_best(points, summary, True, small["prompt_rates"]) == against
     path = fr.write_rules_plot(tmp_path, records)
     assert path == tmp_path / "frontier_rules.png" and path.stat().st_size > 1000
 

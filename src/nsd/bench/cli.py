@@ -151,16 +151,21 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
+_SWEPT = ("method", "theta", "budget", *optspec.LOSSY_SWEEP_KNOBS)  # per method, not per run
+
+
+def _added_settings(base) -> dict[str, object]:
+    """Every decoding knob at its default, by its path in the settings: a run journaled
+    before nsd had a knob (the engines' rules' scalars, ``draft_context``) behaved as its
+    default does, so it resumes under a run that leaves the knob there."""
+    return {f"generation.{f.name}": optspec.default(f.name) for f in dataclasses.fields(base)
+            if f.name not in _SWEPT and f.name in optspec.ALL}
+
+
 def _settings(args: argparse.Namespace, base) -> dict:
     """What must match for records to be comparable (see nsd.bench.store); the selection
     of datasets, prompts and methods may change between resumed runs."""
-    swept = ("method", "theta", "budget", *optspec.LOSSY_SWEEP_KNOBS)  # per method, not per run
-    # The engines' rules' scalar knobs (fly_window_size, ...) left at their defaults stay out,
-    # so a run journaled before those rules existed still resumes.
-    lossy = {n for n in optspec.RULE if set(optspec.ALL[n].methods or ()) <= set(optspec.LOSSY_METHODS)
-             and optspec.ALL[n].methods}
-    generation = {k: v for k, v in dataclasses.asdict(base).items()
-                  if k not in swept and not (k in lossy and v == optspec.default(k))}
+    generation = {k: v for k, v in dataclasses.asdict(base).items() if k not in _SWEPT}
     return {"target": args.target, "draft": args.draft,
             **dataclasses.asdict(backend_options(args)),
             "generation": generation, "budget_theta": args.budget_theta, "chat": args.chat,
@@ -207,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = _settings(args, base)
     # Nothing is written to --out until the first record is: a run that cannot start
     # (a model or peer program missing) leaves the folder, and any run in it, as it was.
-    journal = Journal(out, settings, overwrite=args.overwrite, defer_writes=True)
+    journal = Journal(out, settings, overwrite=args.overwrite, defer_writes=True, added=_added_settings(base))
     if args.rerun_loaded:
         dropped = journal.drop_loaded_prompts()
         print(f"nsd bench: {dropped} prompts had calls run under load; running them again",

@@ -227,6 +227,8 @@ def run_reading(name: str, records: list[dict], state: str, temperature: float |
     points, quality = frontier_points(summary, execute)
     if any(p["family"] in RULES for p in points):
         blocks.append("\n".join(fastest_table(points, quality, summary, execute)) + "\n")
+        if against_best := nsd_against_best(points, summary, execute, speed.prompt_rates(records)):
+            blocks.append("\n".join(against_best) + "\n")
         if cost := relaxed_cost_table(summary, temperature):
             blocks.append("\n".join(cost) + "\n")
         if positions := position_table(summary):
@@ -290,6 +292,38 @@ def fastest_table(points: list[dict], quality: str, summary: list[dict], execute
             mine = [p for p in ok if p["family"] == rule]
             cells.append(f"{max(p['speedup'] for p in mine):.2f}" if mine else "-")
         out.append(f"| {words} | {best['method']} | {best['speedup']:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _fastest(points: list[dict]) -> str | None:
+    """The method of the point with the highest speedup (None: no points)."""
+    return max(points, key=lambda p: p["speedup"])["method"] if points else None
+
+
+def nsd_against_best(points: list[dict], summary: list[dict], execute: bool,
+                     rates: dict[str, dict[str, float]] | None) -> list[str]:
+    """Markdown lines: at each quality level, NSD's fastest point there against the fastest
+    other point there (any rule, or SD), prompt by prompt: the median of their per-prompt
+    tokens/s ratios with its bootstrap 95 % interval over prompts. The fastest-rule table
+    ranks points by their medians against AR; this says whether a gap between two of them
+    is larger than the spread over prompts. Empty without per-prompt rates (summaries
+    written before they were kept)."""
+    if not rates:
+        return []
+    out = ["NSD against the fastest other method at each quality level (paired median of the "
+           "per-prompt tokens/s ratios, with a percentile-bootstrap 95 % interval over prompts, "
+           f"{metrics.RESAMPLES} resamples, seed {metrics.SEED}; below 1: NSD slower):", "",
+           "| quality ≥ | NSD's fastest | fastest other | NSD ÷ other | 95 % interval | prompts |",
+           "|---|---|---|---|---|---|"]
+    for words, least in quality_levels(summary, execute):
+        ok = [p for p in points if p["quality"] >= least and p["family"] != "ar"]
+        mine = _fastest([p for p in ok if p["family"] == "nsd"])
+        other = _fastest([p for p in ok if p["family"] != "nsd"])
+        cells = ["-", "-", "-"]
+        if mine and other:
+            centre, low, high, n = metrics.paired_interval(rates, mine, other)
+            cells = [f"{centre:.2f}", f"[{low:.2f}, {high:.2f}]", str(n)]
+        out.append(f"| {words} | {mine or 'none'} | {other or 'none'} | " + " | ".join(cells) + " |")
     return out
 
 

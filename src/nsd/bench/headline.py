@@ -227,6 +227,8 @@ def run_block(root: Path, run: RunRef, fidelity: bool = False) -> str:
         execute = any(aggregate.defined(r.get("pass_at_1")) for r in rows)
         points, quality = frontier.frontier_points(rows, execute)
         table += ["", *frontier.fastest_table(points, quality, rows, execute)]
+        if against_best := frontier.nsd_against_best(points, rows, execute, summary.get("prompt_rates")):
+            table += ["", *against_best]
         if cost := frontier.relaxed_cost_table(rows, generation["temperature"]):
             table += ["", "What the relaxed accepts cost (D per relaxed accept is 1 at T = 0; the last "
                       "column is the log-likelihood change against SD divided by the relaxed "

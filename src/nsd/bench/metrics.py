@@ -12,16 +12,46 @@ import math
 import statistics
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from nsd.aggregate import median
+
+# Bootstrap resamples per interval, and a fixed seed so that a reading reprints the same interval.
+RESAMPLES = 4000
+SEED = 0
+
+
+def _ratios(rates: Mapping[str, Mapping[str, float]], method: str, reference: str) -> list[float]:
+    ratios = (r[method] / r[reference] for r in rates.values() if method in r and r.get(reference, 0) > 0)
+    return [v for v in ratios if not math.isnan(v)]
 
 
 def paired_ratio(rates: Mapping[str, Mapping[str, float]], method: str, reference: str) -> float:
     """Median over prompts of rate(method) / rate(reference), from ``rates[prompt][method]``:
     each prompt against itself, so its length and prefill cancel."""
-    return median(r[method] / r[reference] for r in rates.values()
-                  if method in r and r.get(reference, 0) > 0)
+    return median(_ratios(rates, method, reference))
+
+
+def bootstrap_median(values: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
+                     ) -> tuple[float, float]:
+    """Percentile bootstrap 95 % interval of the median of ``values`` (resampling them
+    with replacement, a fixed seed so a reading reprints the same interval); NaNs when
+    there are fewer than two values."""
+    if len(values) < 2:
+        return math.nan, math.nan
+    data = np.asarray(values, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))
+    medians = np.median(data[picks], axis=1)
+    return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
+
+
+def paired_interval(rates: Mapping[str, Mapping[str, float]], method: str, reference: str
+                    ) -> tuple[float, float, float, int]:
+    """:func:`paired_ratio` with its bootstrap 95 % interval over prompts, and the number
+    of prompts paired: (median, low, high, n)."""
+    ratios = _ratios(rates, method, reference)
+    return (median(ratios), *bootstrap_median(ratios), len(ratios))
 
 
 def acceptance_by_position(attempts: Iterable[Sequence[int]], accepts: Iterable[Sequence[int]]

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from nsd import aggregate
 from nsd.bench import metrics
 from nsd.bench.methods import LLAMA_PEERS, MethodSpec, is_peer_family
-from nsd.bench.speed import paired_ratio
+from nsd.bench.speed import paired_ratio, prompt_rates
 from nsd.bench.store import SUMMARY, write_json_atomic, write_text_atomic
 from nsd.draftlen.calibrate import kernel_switches
 from nsd.draftlen.machine import cpu_description
@@ -308,11 +308,14 @@ def paired_ratios(records: Sequence[dict]) -> dict[str, dict[str, float]]:
 
 
 def small_summary(results: dict) -> dict:
-    """``results.json`` without its records, plus the paired ratios read from them: a few
-    kilobytes that the repository keeps of a run (``summary.json``), where the records run
-    to megabytes."""
+    """``results.json`` without its records, plus the paired ratios read from them and the
+    per-prompt rates they come from: tens of kilobytes that the repository keeps of a run
+    (``summary.json``), where the records run to megabytes."""
     small = {key: value for key, value in results.items() if key != "records"}
     small["paired"] = paired_ratios(results["records"])
+    # Each prompt's tokens/s per method: what a paired median's bootstrap interval resamples.
+    small["prompt_rates"] = {prompt: {m: float(f"{v:.6g}") for m, v in rates.items()}
+                             for prompt, rates in prompt_rates(results["records"]).items()}
     small["weights"] = weights_used(results["records"])
     return small
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from nsd.bench import metrics
+from nsd.errors import NSDError
 
 
 def visible_tokens(tokenizer, tokens: Sequence[int], text: str) -> list[int]:
@@ -36,16 +37,23 @@ def record_rate(record: dict) -> float:
     return record["tokens_per_s"]
 
 
-def paired_ratio(records: Iterable[dict], method: str, reference: str,
-                 rate: Callable[[dict], float | None] = record_rate) -> float:
-    """Median over prompts of rate(method) / rate(reference); a record whose ``rate`` is
-    None is left out (NaN when no prompt has both)."""
+def prompt_rates(records: Iterable[dict], rate: Callable[[dict], float | None] = record_rate
+                 ) -> dict[str, dict[str, float]]:
+    """``rates[prompt][method]``: each record's ``rate``, a record whose rate is None left
+    out. What every paired figure reads (and what a run's summary keeps of its records)."""
     rates: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:
         value = rate(r)
         if value is not None:
             rates[r["prompt"]][r["method"]] = value
-    return metrics.paired_ratio(rates, method, reference)
+    return dict(rates)
+
+
+def paired_ratio(records: Iterable[dict], method: str, reference: str,
+                 rate: Callable[[dict], float | None] = record_rate) -> float:
+    """Median over prompts of rate(method) / rate(reference); a record whose ``rate`` is
+    None is left out (NaN when no prompt has both)."""
+    return metrics.paired_ratio(prompt_rates(records, rate), method, reference)
 
 
 def decode_rate(stats: dict, first_token_in_prefill: bool) -> float | None:
@@ -83,4 +91,19 @@ def paired_speedup_lines(journal: Path, records: Sequence[dict]) -> list[str]:
         lg_med = metrics.median(v for v in lg if v)
         lines.append(f"  AR per decode step vs llama-generate: {ar_med:.2f} / {lg_med:.2f} tok/s = "
                      f"{ar_med / lg_med:.3f}")
+    return lines
+
+
+def paired_interval_lines(journal: Path, records: Sequence[dict], pairs: Sequence[Sequence[str]]) -> list[str]:
+    """Per (method, reference) pair: the paired median tokens/s ratio with its bootstrap
+    95 % interval over prompts and the number of prompts paired."""
+    labels = {r["method"] for r in records}
+    missing = sorted({m for pair in pairs for m in pair} - labels)
+    if missing:
+        raise NSDError(f"{journal} has no method {', '.join(missing)} (it has {', '.join(sorted(labels))})")
+    rates = prompt_rates(records)
+    lines = [f"\n{journal}: paired median tok/s ratio [bootstrap 95 % interval] (prompts)"]
+    for method, reference in pairs:
+        centre, low, high, n = metrics.paired_interval(rates, method, reference)
+        lines.append(f"  {method} / {reference}: {centre:.3f} [{low:.3f}, {high:.3f}] ({n})")
     return lines

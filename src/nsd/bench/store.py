@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from nsd.errors import NSDError
 
@@ -104,10 +104,15 @@ class Journal:
     the folder changes (not the folder itself, ``settings.json``, a repaired journal, or
     an ``overwrite``'s removal of the earlier run) until the first record is appended, so
     a run that cannot start (a model or peer program missing) leaves the folder as it was.
+
+    ``added``: settings (by dotted path, ``generation.draft_context``) that an earlier run
+    may lack because nsd gained them after it, each with the value that run behaved as
+    having (the knob's default): such a run resumes when this one has that value.
     """
 
     def __init__(self, out_dir: Path, settings: dict, overwrite: bool = False,
-                 key: Callable[[dict], tuple] = record_key, defer_writes: bool = False) -> None:
+                 key: Callable[[dict], tuple] = record_key, defer_writes: bool = False,
+                 added: Mapping[str, Any] | None = None) -> None:
         self.key = key
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / JOURNAL
@@ -125,9 +130,10 @@ class Journal:
                     old = json.loads(settings_path.read_text(encoding="utf-8"))
                 except (OSError, json.JSONDecodeError):
                     old = None
-                if old != self.settings:
+                added = json.loads(json.dumps(jsonable(dict(added or {}))))
+                if changed := _changed(old, self.settings, added):
                     raise NSDError(f"{self.out_dir} holds a benchmark run with different settings "
-                                   f"({_differences(old, self.settings)}); use another --out "
+                                   f"({changed}); use another --out "
                                    "folder or pass --overwrite to discard it")
             elif self.path.is_file() and self.path.stat().st_size:
                 raise NSDError(f"{self.path} exists without {SETTINGS}; use another --out "
@@ -226,14 +232,16 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _differences(old: Any, new: dict, shown: int = 4) -> str:
-    """The settings that changed, as ``path: old -> new``: just those, so that one changed
-    knob is not lost in two whole dicts of them."""
+def _changed(old: Any, new: dict, added: Mapping[str, Any], shown: int = 4) -> str:
+    """The settings that changed, as ``path: old -> new`` (empty: none did): just those,
+    so that one changed knob is not lost in two whole dicts of them. A setting ``old``
+    lacks that is in ``added`` with the value ``new`` has is not a change."""
     if not isinstance(old, dict):
         return f"unreadable {SETTINGS}"
     before, after = _leaves(old), _leaves(new)
     keys = sorted(k for k in before.keys() | after.keys()
-                  if before.get(k, _UNSET) != after.get(k, _UNSET))
+                  if before.get(k, _UNSET) != after.get(k, _UNSET)
+                  and not (k not in before and k in added and after.get(k, _UNSET) == added[k]))
 
     def text(value: Any) -> str:
         return "unset" if value is _UNSET else repr(value)
