@@ -108,18 +108,18 @@ FRONTIER: tuple[RunRef, ...] = (
     RunRef("frontier/specbench-t0", "vnni", "Spec-Bench 13×3, T = 0", "43f37c6", _FRONTIER, "draft"),
     RunRef("frontier/specbench-t0.8", "vnni", "Spec-Bench 13×3, T = 0.8", "1d1f6c4", _FRONTIER, "draft"),
     # The same grid with the engines' rules, reduced to fit the time at hand (Zen 3).
-    RunRef("frontier-zen3/specbench-t0", "avx2", "Spec-Bench 13×1, T = 0, with the engines' rules (Zen 3)",
-           "711b80b", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 1 --no-progress" '
+    RunRef("frontier-zen3/specbench-t0", "avx2", "Spec-Bench 13×2, T = 0, with the engines' rules (Zen 3)",
+           "d5b328a", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 2 --no-progress" '
            "bash benchmarks/run_frontier.sh specbench-t0", "draft"),
     RunRef("frontier-zen3/specbench-t0.8", "avx2",
-           "Spec-Bench 13×1, T = 0.8, with the engines' rules (Zen 3)", "bbb9710",
+           "Spec-Bench 13×1, T = 0.8, with the engines' rules (Zen 3)", "7cbc5a7",
            'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 1 --no-progress" '
            "bash benchmarks/run_frontier.sh specbench-t0.8", "draft"),
     RunRef("frontier-zen3/humaneval-t0", "avx2", "HumanEval-40, T = 0, with the engines' rules (Zen 3)",
-           "4433533", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 40 --no-progress" '
+           "7cbc5a7", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 40 --no-progress" '
            "bash benchmarks/run_frontier.sh humaneval-t0", "draft"),
-    RunRef("frontier-zen3/humaneval-t0.8", "avx2", "HumanEval-20, T = 0.8, with the engines' rules (Zen 3)",
-           "6445826", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 20 --no-progress" '
+    RunRef("frontier-zen3/humaneval-t0.8", "avx2", "HumanEval-40, T = 0.8, with the engines' rules (Zen 3)",
+           "900e076", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 40 --no-progress" '
            "bash benchmarks/run_frontier.sh humaneval-t0.8", "draft"),
 )
 VLLM = RunRef("vllm", "vnni", "HumanEval 5 + Spec-Bench 5, T = 0 and 0.8", "7cd5386",
