@@ -112,8 +112,8 @@ FRONTIER: tuple[RunRef, ...] = (
            "d5b328a", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 2 --no-progress" '
            "bash benchmarks/run_frontier.sh specbench-t0", "draft"),
     RunRef("frontier-zen3/specbench-t0.8", "avx2",
-           "Spec-Bench 13×1, T = 0.8, with the engines' rules (Zen 3)", "7cbc5a7",
-           'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 1 --no-progress" '
+           "Spec-Bench 13×2, T = 0.8, with the engines' rules (Zen 3)", "9a7d998",
+           'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 2 --no-progress" '
            "bash benchmarks/run_frontier.sh specbench-t0.8", "draft"),
     RunRef("frontier-zen3/humaneval-t0", "avx2", "HumanEval-40, T = 0, with the engines' rules (Zen 3)",
            "7cbc5a7", 'FRONTIER_OUT=benchmarks/results/frontier-zen3 FRONTIER_ARGS="--limit 40 --no-progress" '
