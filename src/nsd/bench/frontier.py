@@ -273,6 +273,17 @@ def quality_levels(summary: list[dict], execute: bool) -> list[tuple[str, float]
     return [(f"{v:+.2f}", v - 1e-9) for v in (0.0, -0.02, -0.05, -0.1, -0.2)]
 
 
+def _levels(points: list[dict], summary: list[dict], execute: bool):
+    """Per quality level: its words and the points (AR left out) that reach it."""
+    for words, least in quality_levels(summary, execute):
+        yield words, [p for p in points if p["quality"] >= least and p["family"] != "ar"]
+
+
+def _fastest(points: list[dict]) -> dict | None:
+    """The point with the highest speedup (None: no points)."""
+    return max(points, key=lambda p: p["speedup"]) if points else None
+
+
 def fastest_table(points: list[dict], quality: str, summary: list[dict], execute: bool) -> list[str]:
     """Markdown lines: at each quality level, the fastest point over all rules (SD
     included: exact, it meets every level AR meets up to noise), and each rule's fastest
@@ -281,23 +292,17 @@ def fastest_table(points: list[dict], quality: str, summary: list[dict], execute
     out = [f"Fastest rule at each quality level ({quality}; speedup over AR, paired medians):", "",
            "| quality ≥ | fastest | speedup | " + " | ".join(rules) + " |",
            "|---" * (3 + len(rules)) + "|"]
-    for words, least in quality_levels(summary, execute):
-        ok = [p for p in points if p["quality"] >= least and p["family"] != "ar"]
-        if not ok:
+    for words, ok in _levels(points, summary, execute):
+        best = _fastest(ok)
+        if best is None:
             out.append(f"| {words} | none | - | " + " | ".join("-" for _ in rules) + " |")
             continue
-        best = max(ok, key=lambda p: p["speedup"])
         cells = []
         for rule in rules:
-            mine = [p for p in ok if p["family"] == rule]
-            cells.append(f"{max(p['speedup'] for p in mine):.2f}" if mine else "-")
+            mine = _fastest([p for p in ok if p["family"] == rule])
+            cells.append(f"{mine['speedup']:.2f}" if mine else "-")
         out.append(f"| {words} | {best['method']} | {best['speedup']:.2f} | " + " | ".join(cells) + " |")
     return out
-
-
-def _fastest(points: list[dict]) -> str | None:
-    """The method of the point with the highest speedup (None: no points)."""
-    return max(points, key=lambda p: p["speedup"])["method"] if points else None
 
 
 def nsd_against_best(points: list[dict], summary: list[dict], execute: bool,
@@ -315,15 +320,15 @@ def nsd_against_best(points: list[dict], summary: list[dict], execute: bool,
            f"{metrics.RESAMPLES} resamples, seed {metrics.SEED}; below 1: NSD slower):", "",
            "| quality ≥ | NSD's fastest | fastest other | NSD ÷ other | 95 % interval | prompts |",
            "|---|---|---|---|---|---|"]
-    for words, least in quality_levels(summary, execute):
-        ok = [p for p in points if p["quality"] >= least and p["family"] != "ar"]
+    for words, ok in _levels(points, summary, execute):
         mine = _fastest([p for p in ok if p["family"] == "nsd"])
         other = _fastest([p for p in ok if p["family"] != "nsd"])
         cells = ["-", "-", "-"]
         if mine and other:
-            centre, low, high, n = metrics.paired_interval(rates, mine, other)
+            centre, low, high, n = metrics.paired_interval(rates, mine["method"], other["method"])
             cells = [f"{centre:.2f}", f"[{low:.2f}, {high:.2f}]", str(n)]
-        out.append(f"| {words} | {mine or 'none'} | {other or 'none'} | " + " | ".join(cells) + " |")
+        out.append(f"| {words} | {mine['method'] if mine else 'none'} | "
+                   f"{other['method'] if other else 'none'} | " + " | ".join(cells) + " |")
     return out
 
 
